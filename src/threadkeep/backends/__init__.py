@@ -1,0 +1,1 @@
+"""Storage backends: each turns the shared programs' requests into driver calls."""

@@ -1,0 +1,1 @@
+"""What every SQL backend shares: the programs, the dialect contract, migrations."""

@@ -1,0 +1,129 @@
+"""A SQL store: one engine, one dialect, its numbered migrations, and the programs bound to them."""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any
+
+from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.base import CheckpointTuple
+from langgraph.checkpoint.serde.base import SerializerProtocol
+
+from threadkeep.backends.sql import programs
+from threadkeep.backends.sql.programs import SqlDialect
+from threadkeep.core.identity import Actor
+from threadkeep.core.program import Engine, Program
+from threadkeep.core.records import ListQuery, PutStep, Target, WritesStep
+
+__all__ = ["Migration", "SqlBackend", "load_migrations"]
+
+_MIGRATION_FILE = re.compile(r"^(\d{4})_[a-z0-9_]+\.sql$")
+
+
+@dataclass(frozen=True, slots=True)
+class Migration:
+    """One numbered schema change; ``version`` is its file's number."""
+
+    version: int
+    name: str
+    statements: tuple[str, ...]
+
+
+def load_migrations(package: str) -> list[Migration]:
+    """Read ``<package>/migrations/NNNN_name.sql`` files, in order.
+
+    Raises:
+        ValueError: the numbers do not run 1, 2, 3, ... without gaps (append-only).
+    """
+    folder = resources.files(package) / "migrations"
+    found = []
+    for entry in folder.iterdir():
+        match = _MIGRATION_FILE.match(entry.name)
+        if match:
+            found.append((int(match.group(1)), entry.name, entry.read_text(encoding="utf-8")))
+    found.sort()
+    for expected, (version, name, _text) in enumerate(found, start=1):
+        if version != expected:
+            raise ValueError(f"migration {name} is out of sequence: expected number {expected}")
+    return [Migration(version, name, _statements(text)) for version, name, text in found]
+
+
+def _statements(script: str) -> tuple[str, ...]:
+    """Split a migration script on the semicolons that end its lines."""
+    parts = re.split(r";\s*$", script, flags=re.MULTILINE)
+    return tuple(part.strip() for part in parts if _has_code(part))
+
+
+def _has_code(part: str) -> bool:
+    return any(line.strip() and not line.strip().startswith("--") for line in part.splitlines())
+
+
+class SqlBackend:
+    """The storage operations of one SQL store, as program factories.
+
+    Args:
+        engine: Runs the programs (owns the connections).
+        dialect: The statements the programs run.
+        migrations: The store's schema, as numbered migrations.
+    """
+
+    def __init__(self, engine: Engine, dialect: SqlDialect, migrations: Sequence[Migration]) -> None:
+        self.engine = engine
+        self.dialect = dialect
+        self.migrations = tuple(migrations)
+
+    def open(self) -> None:
+        """Check the format gate, then bring the schema up to date (SPEC P6)."""
+        q = self.dialect
+        self.engine.run(lambda: programs.ensure_format(q), write=True)
+        for migration in self.migrations:
+            self.engine.run(
+                lambda m=migration: programs.apply_migration(q, m.version, m.statements, time.time()),  # type: ignore[misc]
+                write=True,
+            )
+        self.engine.run(lambda: programs.record_format(q), write=True)
+
+    def put(self, step: PutStep) -> Program[RunnableConfig]:
+        return programs.put(self.dialect, step)
+
+    def put_writes(self, step: WritesStep) -> Program[None]:
+        return programs.put_writes(self.dialect, step)
+
+    def get_tuple(self, target: Target, serde: SerializerProtocol) -> Program[CheckpointTuple | None]:
+        return programs.get_tuple(self.dialect, target, serde)
+
+    def list_page(
+        self, query: ListQuery, serde: SerializerProtocol
+    ) -> Program[tuple[list[CheckpointTuple], ListQuery | None]]:
+        return programs.list_page(self.dialect, query, serde)
+
+    def delete_thread(self, thread_id: str, owner: str | None) -> Program[bool]:
+        return programs.delete_thread(self.dialect, thread_id, owner)
+
+    def delete_for_runs(self, run_ids: Sequence[str], owner: str | None) -> Program[int]:
+        return programs.delete_for_runs(self.dialect, run_ids, owner)
+
+    def copy_thread(self, source: str, target: str, actor: Actor, now: float) -> Program[bool]:
+        return programs.copy_thread(self.dialect, source, target, actor, now)
+
+    def prune(self, thread_ids: Iterable[str], strategy: str, owner: str | None) -> Program[None]:
+        return programs.prune(self.dialect, thread_ids, strategy, owner)
+
+    def stats(self) -> dict[str, Any]:
+        """Counts of what the store holds."""
+        q = self.dialect
+        return self.engine.run(lambda: programs.stats(q))
+
+    def check(self) -> None:
+        """Raise :class:`~threadkeep.errors.CheckpointStoreFormatError` if the gate refuses."""
+        q = self.dialect
+        self.engine.run(lambda: programs.ensure_format(q))
+
+    def reset(self) -> None:
+        """Drop everything threadkeep stored, and other formats' checkpoint tables."""
+        q = self.dialect
+        self.engine.run(lambda: programs.reset(q), write=True)

@@ -1,0 +1,155 @@
+"""Runs SQL programs on SQLite: a file in WAL mode, or a private in-memory database.
+
+Transactions are explicit (the connection is in autocommit mode): ``BEGIN IMMEDIATE`` for a
+write takes the write lock up front, so two writers never deadlock upgrading a read lock;
+``BEGIN`` for a read sees one consistent snapshot. Async callers run the same sync program
+on a worker thread, as SQLite has no async driver of its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sqlite3
+import threading
+from functools import partial
+from pathlib import Path
+from typing import Any, TypeVar
+
+from threadkeep.core.program import ProgramFactory, Sql, SqlMany, drive
+from threadkeep.errors import StorageError
+
+__all__ = ["SqliteEngine"]
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
+
+MEMORY = ":memory:"
+
+
+class SqliteEngine:
+    """A small pool of SQLite connections to one database.
+
+    Args:
+        path: The database file, created with its folder if missing; ``":memory:"`` for a
+            private in-memory database that lives as long as the engine.
+        synchronous: SQLite's ``synchronous`` pragma. ``NORMAL`` (the default) is durable
+            against a crash of the process in WAL mode; ``FULL`` also against power loss.
+        busy_timeout_ms: How long a writer waits for another process's write lock.
+        max_connections: How many connections may be open at once (readers run in
+            parallel; SQLite admits one writer at a time).
+    """
+
+    def __init__(
+        self,
+        path: str = MEMORY,
+        *,
+        synchronous: str = "NORMAL",
+        busy_timeout_ms: int = 5000,
+        max_connections: int = 8,
+    ) -> None:
+        self.path = path
+        self.memory = path == MEMORY
+        self._synchronous = synchronous
+        self._busy_timeout_ms = busy_timeout_ms
+        # A private in-memory database exists only on its one connection.
+        self._slots = threading.BoundedSemaphore(1 if self.memory else max_connections)
+        self._idle: list[sqlite3.Connection] = []
+        self._open: list[sqlite3.Connection] = []
+        self._guard = threading.Lock()
+        self._closed = False
+        if not self.memory:
+            Path(path).expanduser().parent.mkdir(parents=True, exist_ok=True)
+        self._idle.append(self._connect())
+
+    @property
+    def location(self) -> str:
+        return "memory" if self.memory else str(Path(self.path).expanduser())
+
+    def _connect(self) -> sqlite3.Connection:
+        try:
+            conn = sqlite3.connect(
+                self.path,
+                isolation_level=None,
+                check_same_thread=False,
+                timeout=self._busy_timeout_ms / 1000,
+            )
+            conn.execute(f"PRAGMA busy_timeout = {int(self._busy_timeout_ms)}")
+            if not self.memory:
+                # WAL lets readers in other processes run while one process writes.
+                conn.execute("PRAGMA journal_mode = WAL")
+            conn.execute(f"PRAGMA synchronous = {_pragma_word(self._synchronous)}")
+        except sqlite3.Error as exc:
+            raise StorageError(f"cannot open the sqlite store at {self.location}: {exc}") from exc
+        self._open.append(conn)
+        return conn
+
+    def _acquire(self) -> sqlite3.Connection:
+        if self._closed:
+            raise StorageError(f"the sqlite store at {self.location} is closed")
+        self._slots.acquire()
+        with self._guard:
+            if self._idle:
+                return self._idle.pop()
+        try:
+            return self._connect()
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def _release(self, conn: sqlite3.Connection) -> None:
+        with self._guard:
+            self._idle.append(conn)
+        self._slots.release()
+
+    def run(self, make: ProgramFactory[T], *, write: bool = False) -> T:
+        """Run one program in one transaction; roll back everything if it fails."""
+        conn = self._acquire()
+        try:
+            conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
+            try:
+                result = drive(make(), partial(_execute, conn))
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
+            conn.execute("COMMIT")
+            return result
+        except sqlite3.Error as exc:
+            raise StorageError(f"the sqlite store at {self.location} failed: {exc}") from exc
+        finally:
+            self._release(conn)
+
+    async def arun(self, make: ProgramFactory[T], *, write: bool = False) -> T:
+        """Run one program without blocking the event loop.
+
+        The in-memory database answers in microseconds and is shared by one connection, so it
+        runs inline, as LangGraph's own ``InMemorySaver`` does; a file runs on a worker thread.
+        """
+        if self.memory:
+            return self.run(make, write=write)
+        return await asyncio.to_thread(self.run, make, write=write)
+
+    def close(self) -> None:
+        """Close every connection; the engine refuses work afterwards."""
+        with self._guard:
+            self._closed = True
+            conns, self._open, self._idle = self._open, [], []
+        for conn in conns:
+            conn.close()
+
+
+def _execute(conn: sqlite3.Connection, request: Any) -> Any:
+    if isinstance(request, Sql):
+        return conn.execute(request.sql, request.params).fetchall()
+    if isinstance(request, SqlMany):
+        conn.executemany(request.sql, request.rows)
+        return None
+    raise TypeError(f"the sqlite engine cannot run {request!r}")
+
+
+def _pragma_word(value: str) -> str:
+    word = value.upper()
+    if word not in {"OFF", "NORMAL", "FULL", "EXTRA"}:
+        raise ValueError(f"synchronous={value!r} is not OFF, NORMAL, FULL or EXTRA")
+    return word

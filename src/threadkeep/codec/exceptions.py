@@ -1,0 +1,82 @@
+"""Exceptions as readable records (SPEC C4).
+
+An exception in a checkpoint (LangGraph stores a failed task's error as a pending write) is
+kept as a record ``{id, message, kwargs, repr_kwargs, cause}`` and read back as a
+:class:`CheckpointedException` carrying it. No class named by a record is ever imported.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["CheckpointedException", "exception_cause"]
+
+
+class CheckpointedException(Exception):
+    """An exception read back from a checkpoint.
+
+    Attributes:
+        id: The original class as module path parts then class name,
+            e.g. ``["myapp", "errors", "StepFailed"]``.
+        message: ``str()`` of the original exception.
+        kwargs: Its attributes; those JSON could not hold are their ``repr()``.
+        repr_kwargs: The names in ``kwargs`` stored as ``repr()``.
+        cause: The exception it was raised from, as another ``CheckpointedException``.
+    """
+
+    def __init__(
+        self,
+        id: list[str],
+        message: str,
+        kwargs: dict[str, Any] | None = None,
+        repr_kwargs: list[str] | None = None,
+        cause: CheckpointedException | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.id = list(id)
+        self.message = message
+        self.kwargs = dict(kwargs or {})
+        self.repr_kwargs = list(repr_kwargs or [])
+        self.cause = cause
+        self.__cause__ = cause
+
+    @property
+    def exc_type(self) -> str:
+        """The original class's dotted path, e.g. ``myapp.errors.StepFailed``."""
+        return ".".join(self.id)
+
+    def record(self) -> dict[str, Any]:
+        """The record this exception carries, with the cause as a nested record."""
+        return {
+            "id": self.id,
+            "message": self.message,
+            "kwargs": self.kwargs,
+            "repr_kwargs": self.repr_kwargs,
+            "cause": None if self.cause is None else self.cause.record(),
+        }
+
+    def __str__(self) -> str:
+        return f"{self.exc_type}: {self.message}"
+
+    def __repr__(self) -> str:
+        return f"CheckpointedException({self.exc_type!r}, {self.message!r})"
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, CheckpointedException):
+            return NotImplemented
+        return self.record() == other.record()
+
+    def __hash__(self) -> int:
+        return hash((tuple(self.id), self.message))
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (CheckpointedException, (self.id, self.message, self.kwargs, self.repr_kwargs, self.cause))
+
+
+def exception_cause(exc: BaseException) -> BaseException | None:
+    """The exception ``exc`` was raised from: ``__cause__``, else an unsuppressed context."""
+    if exc.__cause__ is not None:
+        return exc.__cause__
+    if exc.__suppress_context__:
+        return None
+    return exc.__context__

@@ -1,0 +1,547 @@
+"""The faithful JSON codec (SPEC C1-C4, C6).
+
+Values JSON holds natively are written as JSON. Every other supported value is written as an
+*envelope*: a one-key object whose key starts with ``~`` and names the kind::
+
+    {"~datetime": ["2026-03-29T02:30:00", {"~zoneinfo": "Europe/Paris"}, 0]}
+    {"~lc": [["langchain", "schema", "messages", "AIMessage"], {"content": "hi", ...}]}
+
+A plain dict that would read as an envelope (one key starting with ``~``) is written as a
+``~dict`` of pairs, so no user data is ever mistaken for one. Decoding never imports or calls
+anything but enum, dataclass and pydantic classes from modules already imported or named in
+the allowlist, LangChain classes its own loader revives, and threadkeep's own types; no pickle.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import enum
+import importlib
+import math
+import sys
+import uuid
+from collections.abc import Callable, Collection, Iterable
+from datetime import date, datetime, time, timedelta, timezone, tzinfo
+from decimal import Decimal
+from functools import lru_cache
+from typing import Any, Final
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+import orjson
+from langchain_core.load.load import Reviver
+from langchain_core.load.serializable import Serializable
+from langgraph.types import Send
+from pydantic import BaseModel
+
+from threadkeep.codec.exceptions import CheckpointedException, exception_cause
+from threadkeep.errors import CheckpointSerializationError
+
+__all__ = ["FaithfulCodec"]
+
+_INT_MIN: Final = -(2**63)
+_INT_MAX: Final = 2**64 - 1
+_SCALARS: Final = frozenset({str, int, float, bool, type(None)})
+
+
+class _Refused(Exception):
+    """Internal: a value was refused; ``path`` collects segments innermost first."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.path: list[str] = []
+
+    def error(self) -> CheckpointSerializationError:
+        return CheckpointSerializationError(self.reason, path=_join(reversed(self.path)))
+
+
+def _join(segments: Iterable[str]) -> str:
+    out = ""
+    for segment in segments:
+        out += segment if segment.startswith("[") or not out else "." + segment
+    return out
+
+
+def _key_segment(key: object) -> str:
+    if isinstance(key, str) and key.isidentifier():
+        return key
+    return f"[{key!r}]"
+
+
+def _importable(cls: type) -> tuple[str, str]:
+    """The (module, qualname) that names ``cls``, refusing classes no module can name."""
+    qualname = cls.__qualname__
+    if "<locals>" in qualname:
+        raise _Refused(
+            f"{cls.__module__}.{qualname} is defined inside a function and cannot be read back; "
+            "define it at module level"
+        )
+    return cls.__module__, qualname
+
+
+@lru_cache(maxsize=1)
+def _reviver() -> Reviver:
+    return Reviver(allowed_objects="core")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _LcSpec:
+    """How one LangChain class is written: its loader id and its fields."""
+
+    lc_id: list[str]
+    # (name, required, default) for each field the loader's constructor takes
+    fields: tuple[tuple[str, bool, Any], ...]
+    # lc_attributes getters along the MRO: their keys are always written, as to_json does
+    attribute_getters: tuple[Callable[[Any], dict[str, Any]], ...]
+    slow: bool  # declares secrets: serialize through to_json and refuse what it would drop
+
+
+_NO_DEFAULT: Final = object()
+
+
+@lru_cache(maxsize=256)
+def _lc_spec(cls: type[Serializable]) -> _LcSpec:
+    if not cls.is_lc_serializable():
+        raise _Refused(f"{cls.__module__}.{cls.__qualname__} is not LangChain-serializable")
+    lc_id = list(cls.lc_id())
+    reviver = _reviver()
+    key = tuple(lc_id)
+    allowed = reviver.allowed_class_paths
+    if (allowed is not None and key not in allowed) or key not in reviver.import_mappings:
+        raise _Refused(
+            f"LangChain's loader will not revive {cls.__module__}.{cls.__qualname__} "
+            f"(id {'.'.join(lc_id)}); store a plain LangChain class or convert the value"
+        )
+    fields: list[tuple[str, bool, Any]] = []
+    for name, info in cls.model_fields.items():
+        if info.exclude:
+            continue
+        if info.is_required():
+            fields.append((name, True, _NO_DEFAULT))
+        elif info.default_factory is not None:
+            fields.append((name, False, info.default_factory()))  # type: ignore[call-arg]
+        else:
+            fields.append((name, False, info.default))
+    lineage = cls.mro()[: cls.mro().index(Serializable)]
+    getters = tuple(
+        klass.__dict__["lc_attributes"].fget
+        for klass in reversed(lineage)
+        if isinstance(klass.__dict__.get("lc_attributes"), property)
+    )
+    slow = any("lc_secrets" in klass.__dict__ for klass in lineage)
+    return _LcSpec(lc_id=lc_id, fields=tuple(fields), attribute_getters=getters, slow=slow)
+
+
+def _lc_kwargs(value: Serializable, spec: _LcSpec) -> dict[str, Any]:
+    """The constructor kwargs LangChain's ``to_json`` would write, without its overhead."""
+    if spec.slow:
+        data = value.to_json()
+        if data.get("type") != "constructor":
+            raise _Refused(f"{type(value).__qualname__} does not serialize as a constructor")
+        kwargs = dict(data["kwargs"])  # type: ignore[typeddict-item]
+        if _holds_secret(kwargs):
+            raise _Refused(f"{type(value).__qualname__} holds secrets that LangChain's loader would drop")
+        return kwargs
+    attrs = value.__dict__
+    kwargs = {}
+    for name, required, default in spec.fields:
+        item = attrs.get(name)
+        if required or _useful(item, default):
+            kwargs[name] = item
+    for getter in spec.attribute_getters:
+        kwargs.update(getter(value))
+    return kwargs
+
+
+def _useful(item: object, default: object) -> bool:
+    """Whether a field must be written: set to something other than its default."""
+    try:
+        return type(item) is not type(default) or bool(item) or bool(item != default)
+    except Exception:
+        return True
+
+
+def _holds_secret(value: object) -> bool:
+    if isinstance(value, dict):
+        if value.get("lc") == 1 and value.get("type") == "secret":
+            return True
+        return any(_holds_secret(v) for v in value.values())
+    if isinstance(value, list):
+        return any(_holds_secret(v) for v in value)
+    return False
+
+
+def _message(exc: BaseException) -> str:
+    try:
+        return str(exc)
+    except Exception:
+        return repr(exc)
+
+
+def _tz_payload(tz: tzinfo | None) -> object:
+    if tz is None:
+        return None
+    if type(tz) is ZoneInfo:
+        if tz.key is None:
+            raise _Refused("a zone read from a file has no key and cannot be read back; use ZoneInfo(key)")
+        return {"~zoneinfo": tz.key}
+    if type(tz) is timezone or _is_pydantic_tz(tz):
+        offset = tz.utcoffset(None)
+        assert offset is not None
+        name = tz.tzname(None)
+        default_name = timezone(offset).tzname(None)
+        return {"~timezone": [offset.total_seconds(), None if name == default_name else name]}
+    raise _Refused(
+        f"tzinfo {type(tz).__module__}.{type(tz).__qualname__} is neither a fixed offset nor a "
+        "keyed ZoneInfo; convert the value to datetime.timezone or zoneinfo.ZoneInfo"
+    )
+
+
+def _is_pydantic_tz(tz: tzinfo) -> bool:
+    kind = type(tz)
+    return kind.__name__ == "TzInfo" and kind.__module__.startswith("pydantic")
+
+
+def _decode_tz(payload: object) -> tzinfo | None:
+    if payload is None:
+        return None
+    if isinstance(payload, dict) and len(payload) == 1:
+        ((kind, body),) = payload.items()
+        if kind == "~zoneinfo" and isinstance(body, str):
+            try:
+                return ZoneInfo(body)
+            except (ZoneInfoNotFoundError, ValueError) as exc:
+                raise _Refused(f"zone {body!r} is not in this host's zone database") from exc
+        if kind == "~timezone" and isinstance(body, list) and len(body) == 2:
+            offset = timedelta(seconds=body[0])
+            return timezone(offset) if body[1] is None else timezone(offset, body[1])
+    raise _Refused(f"unreadable tzinfo envelope {payload!r}")
+
+
+class FaithfulCodec:
+    """Encode values to JSON bytes and back, keeping their types (SPEC C1-C4, C6).
+
+    Args:
+        allowlist: Extra classes decoding may import when their module is not imported yet:
+            ``(module,)`` for a whole module or ``(module, qualname)`` for one class.
+    """
+
+    def __init__(self, allowlist: Collection[tuple[str, ...]] = ()) -> None:
+        self.allowlist: frozenset[tuple[str, ...]] = frozenset(tuple(entry) for entry in allowlist)
+        self._encoders: dict[type, Callable[[Any], object]] = {
+            tuple: lambda v: {"~tuple": self._seq(v)},
+            set: lambda v: {"~set": self._seq(v)},
+            frozenset: lambda v: {"~frozenset": self._seq(v)},
+            bytes: lambda v: {"~bytes": base64.b64encode(v).decode()},
+            bytearray: lambda v: {"~bytearray": base64.b64encode(v).decode()},
+            datetime: lambda v: {
+                "~datetime": [v.replace(tzinfo=None).isoformat(), _tz_payload(v.tzinfo), v.fold]
+            },
+            date: lambda v: {"~date": v.isoformat()},
+            time: lambda v: {"~time": [v.replace(tzinfo=None).isoformat(), _tz_payload(v.tzinfo), v.fold]},
+            timedelta: lambda v: {"~timedelta": [v.days, v.seconds, v.microseconds]},
+            timezone: _tz_payload,
+            ZoneInfo: _tz_payload,
+            Decimal: lambda v: {"~decimal": str(v)},
+            uuid.UUID: lambda v: {"~uuid": v.hex},
+            Send: lambda v: {"~send": [v.node, self._enc(v.arg)]},
+            CheckpointedException: lambda v: {"~exc": self._exc_record(v, set())},
+        }
+        self._decoders: dict[str, Callable[[Any], object]] = {
+            "~dict": lambda p: {self._dec(k): self._dec(v) for k, v in p},
+            "~int": int,
+            "~tuple": lambda p: tuple(self._dec_list(p)),
+            "~set": lambda p: set(self._dec_list(p)),
+            "~frozenset": lambda p: frozenset(self._dec_list(p)),
+            "~bytes": lambda p: base64.b64decode(p, validate=True),
+            "~bytearray": lambda p: bytearray(base64.b64decode(p, validate=True)),
+            "~datetime": lambda p: datetime.fromisoformat(p[0]).replace(tzinfo=_decode_tz(p[1]), fold=p[2]),
+            "~date": date.fromisoformat,
+            "~time": lambda p: time.fromisoformat(p[0]).replace(tzinfo=_decode_tz(p[1]), fold=p[2]),
+            "~timedelta": lambda p: timedelta(days=p[0], seconds=p[1], microseconds=p[2]),
+            "~timezone": lambda p: _decode_tz({"~timezone": p}),
+            "~zoneinfo": lambda p: _decode_tz({"~zoneinfo": p}),
+            "~decimal": Decimal,
+            "~uuid": uuid.UUID,
+            "~send": lambda p: Send(p[0], self._dec(p[1])),
+            "~enum": self._dec_enum,
+            "~dataclass": self._dec_dataclass,
+            "~model": self._dec_model,
+            "~lc": self._dec_lc,
+            "~exc": self._dec_exc,
+        }
+
+    def with_allowlist(self, extra: Collection[tuple[str, ...]]) -> FaithfulCodec:
+        """A codec whose allowlist also holds ``extra``."""
+        return FaithfulCodec(self.allowlist | {tuple(e) for e in extra})
+
+    # encoding ---------------------------------------------------------------------------
+
+    def encode(self, value: object) -> bytes:
+        """Encode ``value`` to JSON bytes.
+
+        Raises:
+            CheckpointSerializationError: the value, or something inside it, cannot be
+                stored faithfully; the error's ``path`` says where.
+        """
+        return orjson.dumps(self.to_json(value))
+
+    def to_json(self, value: object) -> object:
+        """The JSON-native structure :meth:`encode` would write."""
+        try:
+            return self._enc(value)
+        except _Refused as refused:
+            raise refused.error() from None
+        except RecursionError:
+            raise CheckpointSerializationError("value is nested too deeply or contains itself") from None
+
+    def _enc(self, value: object) -> object:
+        kind = type(value)
+        if kind is str or kind is bool or value is None:
+            return value
+        if kind is int:
+            return value if _INT_MIN <= value <= _INT_MAX else {"~int": str(value)}  # type: ignore[operator]
+        if kind is float:
+            if math.isfinite(value):  # type: ignore[arg-type]
+                return value
+            raise _Refused(f"float {value!r} cannot be stored (JSON has no NaN or infinity)")
+        if kind is list:
+            return self._seq(value)  # type: ignore[arg-type]
+        if kind is dict:
+            return self._dict(value)  # type: ignore[arg-type]
+        encoder = self._encoders.get(kind)
+        if encoder is not None:
+            return encoder(value)
+        return self._enc_object(value)
+
+    def _seq(self, values: Iterable[object]) -> list[object]:
+        out: list[object] = []
+        try:
+            for item in values:
+                out.append(item if type(item) is str else self._enc(item))
+        except _Refused as refused:
+            refused.path.append(f"[{len(out)}]")
+            raise
+        return out
+
+    def _dict(self, value: dict[Any, Any]) -> object:
+        plain = all(type(k) is str for k in value) and not (
+            len(value) == 1 and next(iter(value)).startswith("~")
+        )
+        key: Any = None
+        try:
+            if plain:
+                out: dict[str, object] = {}
+                for key, item in value.items():
+                    out[key] = item if type(item) is str else self._enc(item)
+                return out
+            pairs = []
+            for key, item in value.items():
+                pairs.append([self._enc(key), self._enc(item)])
+            return {"~dict": pairs}
+        except _Refused as refused:
+            refused.path.append(_key_segment(key))
+            raise
+
+    def _enc_object(self, value: object) -> object:
+        kind = type(value)
+        if isinstance(value, enum.Enum):
+            module, qualname = _importable(kind)
+            return {"~enum": [module, qualname, self._enc(value.value)]}
+        if isinstance(value, BaseException):
+            return {"~exc": self._exc_record(value, set())}
+        if isinstance(value, Serializable):
+            spec = _lc_spec(type(value))
+            return {"~lc": [spec.lc_id, self._dict(_lc_kwargs(value, spec))]}
+        if isinstance(value, tzinfo) and _is_pydantic_tz(value):
+            return _tz_payload(value)
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            module, qualname = _importable(kind)
+            fields = {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
+            return {"~dataclass": [module, qualname, self._dict(fields)]}
+        if isinstance(value, BaseModel):
+            return {"~model": self._model_payload(value)}
+        raise _Refused(
+            f"{kind.__module__}.{kind.__qualname__} cannot be stored faithfully; use a JSON type, "
+            "a standard value type, an enum, a dataclass or a pydantic model"
+        )
+
+    def _model_payload(self, value: BaseModel) -> list[object]:
+        module, qualname = _importable(type(value))
+        fields = {name: value.__dict__[name] for name in type(value).model_fields if name in value.__dict__}
+        payload: list[object] = [module, qualname, self._dict(fields)]
+        extra = value.__pydantic_extra__ or {}
+        private = value.__pydantic_private__ or {}
+        fields_set = value.model_fields_set
+        unset = sorted(set(fields) - fields_set)
+        if extra or private or unset:
+            payload.append(self._dict(dict(extra)))
+            payload.append(self._dict(dict(private)))
+            payload.append(unset)
+        return payload
+
+    def _exc_record(self, exc: BaseException, seen: set[int]) -> dict[str, object]:
+        seen.add(id(exc))
+        if isinstance(exc, CheckpointedException):
+            kwargs: dict[str, object] = {k: self._enc(v) for k, v in exc.kwargs.items()}
+            record: dict[str, object] = {
+                "id": exc.id,
+                "message": exc.message,
+                "kwargs": kwargs,
+                "repr_kwargs": exc.repr_kwargs,
+            }
+            cause: BaseException | None = exc.cause
+        else:
+            kind = type(exc)
+            kwargs, repr_kwargs = {}, []
+            for name, attr in getattr(exc, "__dict__", {}).items():
+                if name.startswith("__"):
+                    continue
+                try:
+                    kwargs[name] = (
+                        {"~exc": self._exc_record(attr, seen)}
+                        if isinstance(attr, BaseException) and id(attr) not in seen
+                        else self._enc(attr)
+                    )
+                except _Refused:
+                    kwargs[name] = repr(attr)
+                    repr_kwargs.append(name)
+            record = {
+                "id": [*kind.__module__.split("."), kind.__qualname__],
+                "message": _message(exc),
+                "kwargs": kwargs,
+                "repr_kwargs": repr_kwargs,
+            }
+            cause = exception_cause(exc)
+        record["cause"] = (
+            self._exc_record(cause, seen) if cause is not None and id(cause) not in seen else None
+        )
+        return record
+
+    # decoding ---------------------------------------------------------------------------
+
+    def decode(self, data: bytes | str) -> Any:
+        """Decode bytes written by :meth:`encode`.
+
+        Raises:
+            CheckpointSerializationError: the bytes are not JSON, or an envelope cannot be
+                read back (unknown kind, a class this host cannot or may not load, a zone
+                key missing from this host's database). Never a silent ``None`` or dict.
+        """
+        try:
+            tree = orjson.loads(data)
+        except orjson.JSONDecodeError as exc:
+            raise CheckpointSerializationError(f"stored value is not JSON: {exc}") from exc
+        return self.from_json(tree)
+
+    def from_json(self, tree: object) -> Any:
+        """Decode the JSON-native structure :meth:`to_json` returned."""
+        try:
+            return self._dec(tree)
+        except _Refused as refused:
+            raise refused.error() from None
+
+    def _dec(self, value: object) -> Any:
+        kind = type(value)
+        if kind is dict:
+            if len(value) == 1:  # type: ignore[arg-type]
+                ((key, payload),) = value.items()  # type: ignore[attr-defined]
+                if key[:1] == "~":
+                    return self._envelope(key, payload)
+            out = {}
+            key = None
+            try:
+                for key, item in value.items():  # type: ignore[attr-defined]
+                    out[key] = item if type(item) in _SCALARS else self._dec(item)
+            except _Refused as refused:
+                refused.path.append(_key_segment(key))
+                raise
+            return out
+        if kind is list:
+            return self._dec_list(value)  # type: ignore[arg-type]
+        return value
+
+    def _dec_list(self, values: list[object]) -> list[Any]:
+        out: list[Any] = []
+        try:
+            for item in values:
+                out.append(item if type(item) in _SCALARS else self._dec(item))
+        except _Refused as refused:
+            refused.path.append(f"[{len(out)}]")
+            raise
+        return out
+
+    def _envelope(self, kind: str, payload: Any) -> Any:
+        decoder = self._decoders.get(kind)
+        if decoder is None:
+            raise _Refused(f"unknown envelope {kind!r}; was this written by a newer threadkeep?")
+        try:
+            return decoder(payload)
+        except _Refused:
+            raise
+        except Exception as exc:
+            raise _Refused(f"cannot read back a {kind[1:]} envelope: {exc}") from exc
+
+    def _resolve(self, module: str, qualname: str, what: str) -> Any:
+        if any(part.startswith("__") for part in qualname.split(".")):
+            raise _Refused(f"refusing to look up {module}.{qualname}")
+        loaded = sys.modules.get(module)
+        if loaded is None:
+            if (module,) not in self.allowlist and (module, qualname) not in self.allowlist:
+                raise _Refused(
+                    f"{what} {module}.{qualname}: module {module!r} is not imported; import it "
+                    "before loading the thread or add it to the codec allowlist"
+                )
+            loaded = importlib.import_module(module)
+        target: Any = loaded
+        for part in qualname.split("."):
+            target = getattr(target, part)
+        return target
+
+    def _dec_enum(self, payload: list[Any]) -> enum.Enum:
+        module, qualname, value = payload
+        cls = self._resolve(module, qualname, "enum")
+        if not (isinstance(cls, type) and issubclass(cls, enum.Enum)):
+            raise _Refused(f"{module}.{qualname} is not an enum")
+        return cls(self._dec(value))
+
+    def _dec_dataclass(self, payload: list[Any]) -> object:
+        module, qualname, fields = payload
+        cls = self._resolve(module, qualname, "dataclass")
+        if not (isinstance(cls, type) and dataclasses.is_dataclass(cls)):
+            raise _Refused(f"{module}.{qualname} is not a dataclass")
+        # Rebuilt without running __init__: the stored fields are the value, and no code of
+        # the class runs on read.
+        instance = object.__new__(cls)
+        for name, item in self._dec(fields).items():
+            object.__setattr__(instance, name, item)
+        return instance
+
+    def _dec_model(self, payload: list[Any]) -> BaseModel:
+        module, qualname, fields = payload[:3]
+        cls = self._resolve(module, qualname, "pydantic model")
+        if not (isinstance(cls, type) and issubclass(cls, BaseModel)):
+            raise _Refused(f"{module}.{qualname} is not a pydantic model")
+        values = self._dec(fields)
+        if len(payload) == 3:
+            return cls.model_construct(**values)
+        extra, private, unset = self._dec(payload[3]), self._dec(payload[4]), payload[5]
+        instance = cls.model_construct(_fields_set=set(values) - set(unset), **values, **extra)
+        if private:
+            object.__setattr__(instance, "__pydantic_private__", private)
+        return instance
+
+    def _dec_lc(self, payload: list[Any]) -> object:
+        lc_id, kwargs = payload
+        return _reviver()({"lc": 1, "type": "constructor", "id": lc_id, "kwargs": self._dec(kwargs)})
+
+    def _dec_exc(self, record: dict[str, Any]) -> CheckpointedException:
+        cause = record.get("cause")
+        return CheckpointedException(
+            id=list(record["id"]),
+            message=record["message"],
+            kwargs=self._dec(record.get("kwargs") or {}),
+            repr_kwargs=list(record.get("repr_kwargs") or []),
+            cause=None if cause is None else self._dec_exc(cause),
+        )

@@ -1,0 +1,74 @@
+"""Programs: storage logic written once, as sans-I/O generators.
+
+A *program* is a generator that yields requests (an SQL statement with its parameters, a
+Redis script call, ...) and receives each request's result; its return value is the
+operation's result. An *engine* runs a program inside one transaction, on a sync or an async
+connection. So every decision lives once, in the program; engines only move bytes, and a
+retry after a dropped connection simply runs the program again on a fresh connection.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
+
+__all__ = ["Engine", "Program", "ProgramFactory", "Sql", "SqlMany", "drive", "drive_async"]
+
+T = TypeVar("T")
+T_co = TypeVar("T_co", covariant=True)
+
+Program = Generator[Any, Any, T]
+ProgramFactory = Callable[[], Program[T]]
+
+
+@dataclass(frozen=True, slots=True)
+class Sql:
+    """Run one statement; the program receives the rows it returns (``[]`` for none)."""
+
+    sql: str
+    params: Mapping[str, object]
+
+
+@dataclass(frozen=True, slots=True)
+class SqlMany:
+    """Run one statement once per parameter set; the program receives ``None``."""
+
+    sql: str
+    rows: Sequence[Mapping[str, object]]
+
+
+class Engine(Protocol):
+    """Runs programs against one store, each in its own transaction."""
+
+    def run(self, make: ProgramFactory[T], *, write: bool = False) -> T:
+        """Run the program ``make()`` builds; ``write`` takes the store's write lock."""
+        ...
+
+    async def arun(self, make: ProgramFactory[T], *, write: bool = False) -> T:
+        """The same as :meth:`run`, without blocking the event loop."""
+        ...
+
+    def close(self) -> None:
+        """Release what the engine opened (never what it was given)."""
+        ...
+
+
+def drive(program: Program[T], execute: Callable[[Any], Any]) -> T:
+    """Run ``program`` to its end, answering each request with ``execute(request)``."""
+    try:
+        request = next(program)
+        while True:
+            request = program.send(execute(request))
+    except StopIteration as stop:
+        return stop.value  # type: ignore[no-any-return]
+
+
+async def drive_async(program: Program[T], execute: Callable[[Any], Awaitable[Any]]) -> T:
+    """Run ``program`` to its end, answering each request with ``await execute(request)``."""
+    try:
+        request = next(program)
+        while True:
+            request = program.send(await execute(request))
+    except StopIteration as stop:
+        return stop.value  # type: ignore[no-any-return]

@@ -1,0 +1,361 @@
+"""Mapping between LangGraph's objects and stored rows, free of I/O.
+
+``prepare_*`` turn a saver call into the rows a program writes (encoding every value, so a
+refused value fails before any I/O); ``assemble`` turns rows read back into a
+``CheckpointTuple``. Engines and programs never encode or decode on their own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Final, cast
+
+from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.base import (
+    WRITES_IDX_MAP,
+    ChannelVersions,
+    Checkpoint,
+    CheckpointMetadata,
+    CheckpointTuple,
+    get_serializable_checkpoint_metadata,
+)
+from langgraph.checkpoint.serde.base import SerializerProtocol
+
+from threadkeep.codec.faithful import FaithfulCodec
+from threadkeep.core.identity import Actor, actor_for
+from threadkeep.core.messages import CHAIN_TYPE, MessageChain, build_chain, chain_ref, is_message_list
+from threadkeep.core.rules import BRANCH_KEY
+from threadkeep.errors import CheckpointSerializationError
+
+__all__ = [
+    "EMPTY_TYPE",
+    "BlobRow",
+    "ListQuery",
+    "PutStep",
+    "Target",
+    "WriteRow",
+    "WritesStep",
+    "assemble",
+    "decode_value",
+    "matches_filter",
+    "prepare_put",
+    "prepare_writes",
+    "target_of",
+    "version_key",
+]
+
+EMPTY_TYPE: Final = "empty"
+# Checkpoint structure and metadata are always written with the faithful codec, whatever
+# codec stores channel values: they must stay readable and filterable as JSON.
+STRUCTURE: Final = FaithfulCodec()
+
+
+def version_key(version: object) -> str:
+    """The text a channel version is stored under."""
+    return version if isinstance(version, str) else str(version)
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """The thread, namespace and checkpoint a call addresses, and who is asking."""
+
+    thread_id: str
+    checkpoint_ns: str
+    checkpoint_id: str | None
+    actor: Actor
+
+
+def target_of(config: RunnableConfig, *, isolate: bool) -> Target:
+    """Read the target of a call from its config.
+
+    Raises:
+        CheckpointSerializationError: the config names no ``thread_id``.
+    """
+    configurable = config.get("configurable") or {}
+    thread_id = configurable.get("thread_id")
+    if thread_id is None:
+        raise CheckpointSerializationError(
+            'the config has no "thread_id"; pass {"configurable": {"thread_id": ...}}',
+            path='configurable["thread_id"]',
+        )
+    return Target(
+        thread_id=str(thread_id),
+        checkpoint_ns=configurable.get("checkpoint_ns") or "",
+        checkpoint_id=configurable.get("checkpoint_id") or None,
+        actor=actor_for(configurable, isolate=isolate),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class BlobRow:
+    channel: str
+    version: str
+    type: str
+    value: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class PutStep:
+    """Everything one ``put`` writes, encoded."""
+
+    target: Target  # checkpoint_id is the parent the put continues from
+    checkpoint_id: str
+    run_id: str | None
+    source: object
+    branch_from: str | None
+    checkpoint: bytes
+    metadata: bytes
+    blobs: tuple[BlobRow, ...]
+    chains: tuple[MessageChain, ...]
+    now: float
+    history_limit: int | None
+
+    @property
+    def parent_id(self) -> str | None:
+        return self.target.checkpoint_id
+
+    def result_config(self) -> RunnableConfig:
+        return {
+            "configurable": {
+                "thread_id": self.target.thread_id,
+                "checkpoint_ns": self.target.checkpoint_ns,
+                "checkpoint_id": self.checkpoint_id,
+            }
+        }
+
+
+def _encode(serde: SerializerProtocol, value: object, path: str) -> tuple[str, bytes]:
+    try:
+        return serde.dumps_typed(value)
+    except CheckpointSerializationError as error:
+        raise error.under(path) from None
+
+
+def _encode_structure(value: object, path: str) -> bytes:
+    try:
+        return STRUCTURE.encode(value)
+    except CheckpointSerializationError as error:
+        raise error.under(path) from None
+
+
+def prepare_put(
+    config: RunnableConfig,
+    checkpoint: Checkpoint,
+    metadata: CheckpointMetadata,
+    new_versions: ChannelVersions,
+    serde: SerializerProtocol,
+    *,
+    isolate: bool,
+    history_limit: int | None,
+    now: float,
+) -> PutStep:
+    """Encode a ``put``: the changed channels, their message chains, the checkpoint."""
+    target = target_of(config, isolate=isolate)
+    configurable = config.get("configurable") or {}
+    values = checkpoint["channel_values"]
+    blobs: list[BlobRow] = []
+    chains: list[MessageChain] = []
+    for channel, version in new_versions.items():
+        key = version_key(version)
+        path = f"channel_values.{channel}"
+        if channel not in values:
+            blobs.append(BlobRow(channel, key, EMPTY_TYPE, b""))
+            continue
+        value = values[channel]
+        if is_message_list(value):
+            try:
+                chain = build_chain(channel, key, value, serde)
+            except CheckpointSerializationError as error:
+                raise error.under(path) from None
+            chains.append(chain)
+            blobs.append(BlobRow(channel, key, CHAIN_TYPE, chain_ref(chain)))
+        else:
+            kind, payload = _encode(serde, value, path)
+            blobs.append(BlobRow(channel, key, kind, payload))
+    structure = {k: v for k, v in checkpoint.items() if k != "channel_values"}
+    stored_metadata = get_serializable_checkpoint_metadata(config, metadata)
+    run_id = stored_metadata.get("run_id")
+    return PutStep(
+        target=target,
+        checkpoint_id=checkpoint["id"],
+        run_id=None if run_id is None else str(run_id),
+        source=stored_metadata.get("source"),
+        branch_from=configurable.get(BRANCH_KEY),
+        checkpoint=_encode_structure(structure, "checkpoint"),
+        metadata=_encode_structure(stored_metadata, "metadata"),
+        blobs=tuple(blobs),
+        chains=tuple(chains),
+        now=now,
+        history_limit=history_limit,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class WriteRow:
+    task_id: str
+    idx: int
+    task_path: str
+    channel: str
+    type: str
+    value: bytes
+
+    @property
+    def special(self) -> bool:
+        """Special writes (errors, interrupts, ...) overwrite; regular ones never do."""
+        return self.idx < 0
+
+
+@dataclass(frozen=True, slots=True)
+class WritesStep:
+    target: Target
+    rows: tuple[WriteRow, ...]
+    now: float
+
+
+def prepare_writes(
+    config: RunnableConfig,
+    writes: Sequence[tuple[str, Any]],
+    task_id: str,
+    task_path: str,
+    serde: SerializerProtocol,
+    *,
+    isolate: bool,
+    now: float,
+) -> WritesStep:
+    """Encode a ``put_writes``; each write keyed as LangGraph's ``WRITES_IDX_MAP`` says."""
+    target = target_of(config, isolate=isolate)
+    if target.checkpoint_id is None:
+        raise CheckpointSerializationError(
+            "put_writes needs the checkpoint the writes belong to",
+            path='configurable["checkpoint_id"]',
+        )
+    rows = []
+    for position, (channel, value) in enumerate(writes):
+        kind, payload = _encode(serde, value, f"writes[{position}].{channel}")
+        rows.append(
+            WriteRow(task_id, WRITES_IDX_MAP.get(channel, position), task_path, channel, kind, payload)
+        )
+    return WritesStep(target, tuple(rows), now)
+
+
+def decode_value(serde: SerializerProtocol, kind: str, payload: bytes, path: str) -> Any:
+    """Decode one stored value, naming ``path`` if it cannot be read back."""
+    try:
+        return serde.loads_typed((kind, bytes(payload)))
+    except CheckpointSerializationError as error:
+        raise error.under(path) from None
+    except Exception as exc:
+        raise CheckpointSerializationError(
+            f"cannot read back stored {kind!r} value: {exc}", path=path
+        ) from exc
+
+
+def decode_structure(payload: bytes | str, path: str) -> Any:
+    """Decode a checkpoint structure or metadata blob."""
+    try:
+        return STRUCTURE.decode(payload)
+    except CheckpointSerializationError as error:
+        raise error.under(path) from None
+
+
+def assemble(
+    *,
+    thread_id: str,
+    checkpoint_ns: str,
+    checkpoint_id: str,
+    parent_id: str | None,
+    structure: Mapping[str, Any],
+    metadata: Mapping[str, Any],
+    channel_values: dict[str, Any],
+    pending_writes: Iterable[tuple[str, str, Any]],
+    branch: bool,
+) -> CheckpointTuple:
+    """Build the ``CheckpointTuple`` LangGraph expects from decoded parts.
+
+    ``branch`` marks a checkpoint that was addressed by id and is not the head: a run that
+    starts from it is time travel and may branch (see :mod:`threadkeep.core.rules`).
+    """
+    configurable: dict[str, Any] = {
+        "thread_id": thread_id,
+        "checkpoint_ns": checkpoint_ns,
+        "checkpoint_id": checkpoint_id,
+    }
+    if branch:
+        configurable[BRANCH_KEY] = checkpoint_id
+    checkpoint: Checkpoint = {**structure, "channel_values": channel_values}  # type: ignore[typeddict-item]
+    parent: RunnableConfig | None = None
+    if parent_id is not None:
+        parent = {
+            "configurable": {
+                "thread_id": thread_id,
+                "checkpoint_ns": checkpoint_ns,
+                "checkpoint_id": parent_id,
+            }
+        }
+    return CheckpointTuple(
+        config={"configurable": configurable},
+        checkpoint=checkpoint,
+        metadata=cast(CheckpointMetadata, metadata),
+        parent_config=parent,
+        pending_writes=list(pending_writes),
+    )
+
+
+def matches_filter(metadata: Mapping[str, Any], wanted: Mapping[str, Any] | None) -> bool:
+    """Whether ``metadata`` holds every key of ``wanted`` with an equal value."""
+    if not wanted:
+        return True
+    return all(key in metadata and metadata[key] == value for key, value in wanted.items())
+
+
+@dataclass(frozen=True, slots=True)
+class ListQuery:
+    """One ``list`` call, and how far it has got."""
+
+    thread_id: str | None
+    checkpoint_ns: str | None
+    checkpoint_id: str | None
+    before: str | None
+    filter: Mapping[str, Any] | None
+    remaining: int | None
+    owner: str | None
+    page_size: int
+    cursor: tuple[str, int, str] | None = field(default=None)
+
+    @classmethod
+    def from_call(
+        cls,
+        config: RunnableConfig | None,
+        *,
+        filter: Mapping[str, Any] | None,
+        before: RunnableConfig | None,
+        limit: int | None,
+        isolate: bool,
+        page_size: int = 100,
+    ) -> ListQuery:
+        configurable = (config or {}).get("configurable") or {}
+        actor = actor_for(configurable, isolate=isolate)
+        thread_id = configurable.get("thread_id")
+        before_id = ((before or {}).get("configurable") or {}).get("checkpoint_id")
+        return cls(
+            thread_id=None if thread_id is None else str(thread_id),
+            checkpoint_ns=configurable.get("checkpoint_ns"),
+            checkpoint_id=configurable.get("checkpoint_id"),
+            before=before_id,
+            filter=filter or None,
+            remaining=limit,
+            owner=actor.owner_filter,
+            page_size=page_size if limit is None or filter else max(1, min(page_size, limit)),
+        )
+
+    @property
+    def done(self) -> bool:
+        return self.remaining is not None and self.remaining <= 0
+
+    def advanced(self, cursor: tuple[str, int, str], returned: int, exhausted: bool) -> ListQuery | None:
+        """The query for the next page, or ``None`` when there is none."""
+        remaining = None if self.remaining is None else self.remaining - returned
+        if exhausted or (remaining is not None and remaining <= 0):
+            return None
+        return replace(self, cursor=cursor, remaining=remaining)

@@ -1,0 +1,60 @@
+"""The write rules every provider enforces, free of I/O (SPEC W2, W3).
+
+Each (thread, namespace) has a head: its newest checkpoint. A put names the checkpoint it
+continues from (its parent). It may proceed when:
+
+* the parent is the head (the normal step),
+* it stores a checkpoint id already stored (a retried put whose first attempt committed),
+* it names no parent (a new root: LangGraph's first put on a thread),
+* it is an explicit branch: ``update_state`` (source ``update``), a replay fork (source
+  ``fork``), or a run that was started from an addressed older checkpoint (time travel),
+  which :data:`BRANCH_KEY` marks on the config ``get_tuple`` hands the run.
+
+Anything else continues a thread that moved on: :class:`~threadkeep.errors.StaleStateError`.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from threadkeep.errors import StaleStateError, StorageForbiddenError
+
+__all__ = ["BRANCH_KEY", "BRANCH_SOURCES", "check_head", "check_owner"]
+
+# Carried by the config get_tuple returns for an addressed checkpoint; LangGraph merges that
+# config into every later put of the run. The "__" prefix keeps it out of stored metadata.
+BRANCH_KEY: Final = "__threadkeep_branch_from"
+BRANCH_SOURCES: Final = frozenset({"update", "fork"})
+
+
+def check_head(
+    *,
+    thread_id: str,
+    checkpoint_ns: str,
+    parent_id: str | None,
+    checkpoint_id: str,
+    head_id: str | None,
+    already_stored: bool,
+    source: object,
+    branch_from: str | None,
+) -> None:
+    """Refuse a put that continues a thread whose head moved on.
+
+    Raises:
+        StaleStateError: naming the thread, the expected and the current head.
+    """
+    if parent_id is None or parent_id == head_id or already_stored:
+        return
+    if source in BRANCH_SOURCES or branch_from == parent_id:
+        return
+    raise StaleStateError(thread_id, checkpoint_ns, parent_id, head_id)
+
+
+def check_owner(*, thread_id: str, owner: str, user_id: str, enforce: bool) -> None:
+    """Refuse a write by ``user_id`` on a thread ``owner`` owns, when isolation is on.
+
+    Raises:
+        StorageForbiddenError: naming the thread and the user.
+    """
+    if enforce and owner != user_id:
+        raise StorageForbiddenError(thread_id, user_id)

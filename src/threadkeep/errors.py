@@ -1,0 +1,179 @@
+"""The one error tree of threadkeep.
+
+Every error threadkeep raises on purpose derives from :class:`ThreadkeepError`, carries a
+stable ``code`` and renders itself with :meth:`ThreadkeepError.to_dict`. Driver errors
+(``sqlite3``, ``psycopg``, ``redis``) are mapped into this tree at one boundary per backend,
+always with ``raise ... from exc`` so the original stays on ``__cause__``::
+
+    ThreadkeepError                      THREADKEEP_000
+    ├── ConfigurationError               CONFIG_001      invalid      (bad or removed setting)
+    │   └── MissingExtraError            CONFIG_002      invalid      (driver extra not installed)
+    ├── CheckpointSerializationError     CODEC_001       invalid      (value refused or unreadable)
+    ├── CheckpointStoreFormatError       STORE_FORMAT_001 unavailable (store needs a reset)
+    ├── ThreadRetentionError             RETENTION_001   invalid
+    └── StorageError                     STORAGE_000     unavailable
+        ├── StaleStateError              STORAGE_CONFLICT_001  conflict
+        ├── StorageForbiddenError        STORAGE_FORBIDDEN_001 forbidden
+        └── CheckpointDeleteError        STORAGE_DELETE_001    unavailable
+
+``kind`` groups the errors the HTTP layer maps to a status once: ``conflict`` 409,
+``forbidden`` 403, ``unavailable`` 503, ``invalid`` 422.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Literal
+
+ErrorKind = Literal["conflict", "forbidden", "unavailable", "invalid"]
+
+__all__ = [
+    "CheckpointDeleteError",
+    "CheckpointSerializationError",
+    "CheckpointStoreFormatError",
+    "ConfigurationError",
+    "ErrorKind",
+    "MissingExtraError",
+    "StaleStateError",
+    "StorageError",
+    "StorageForbiddenError",
+    "ThreadRetentionError",
+    "ThreadkeepError",
+]
+
+
+class ThreadkeepError(Exception):
+    """Base of every error threadkeep raises on purpose.
+
+    Args:
+        message: What went wrong and what to do about it.
+        code: A stable identifier; defaults to the class's ``default_code``.
+        context: Structured facts about the failure (thread ids, values, ...).
+    """
+
+    default_code: ClassVar[str] = "THREADKEEP_000"
+    kind: ClassVar[ErrorKind] = "unavailable"
+
+    def __init__(
+        self, message: str, *, code: str | None = None, context: dict[str, Any] | None = None
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.code = code or self.default_code
+        self.context: dict[str, Any] = dict(context or {})
+
+    def __str__(self) -> str:
+        return f"[{self.code}] {self.message}"
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return the error as a JSON-ready dict: ``error``, ``code``, ``message``, ``context``."""
+        return {
+            "error": type(self).__name__,
+            "code": self.code,
+            "message": self.message,
+            "context": self.context,
+        }
+
+
+class ConfigurationError(ThreadkeepError):
+    """A setting is invalid, removed, or contradicts another; refused at start."""
+
+    default_code = "CONFIG_001"
+    kind: ClassVar[ErrorKind] = "invalid"
+
+
+class MissingExtraError(ConfigurationError):
+    """A provider needs a driver that is not installed; the message names the extra."""
+
+    default_code = "CONFIG_002"
+
+
+class CheckpointSerializationError(ThreadkeepError):
+    """A value cannot be stored faithfully, or a stored value cannot be read back.
+
+    ``path`` names where the value sits, for example
+    ``channel_values.messages[3].additional_kwargs.when``.
+    """
+
+    default_code = "CODEC_001"
+    kind: ClassVar[ErrorKind] = "invalid"
+
+    def __init__(self, reason: str, *, path: str = "", code: str | None = None) -> None:
+        self.reason = reason
+        self.path = path
+        super().__init__(f"{path}: {reason}" if path else reason, code=code, context={"path": path})
+
+    def under(self, prefix: str) -> CheckpointSerializationError:
+        """Return the same error with ``prefix`` put in front of its path."""
+        if not prefix:
+            return self
+        joined = prefix + (self.path if self.path.startswith("[") or not self.path else "." + self.path)
+        error = CheckpointSerializationError(self.reason, path=joined, code=self.code)
+        error.__cause__ = self.__cause__
+        return error
+
+
+class CheckpointStoreFormatError(ThreadkeepError):
+    """The store holds checkpoints of another format generation, or none recorded."""
+
+    default_code = "STORE_FORMAT_001"
+    kind: ClassVar[ErrorKind] = "unavailable"
+
+
+class ThreadRetentionError(ThreadkeepError):
+    """A declared retention is longer than the platform allows, or contradicts itself."""
+
+    default_code = "RETENTION_001"
+    kind: ClassVar[ErrorKind] = "invalid"
+
+
+class StorageError(ThreadkeepError):
+    """The store failed, or stayed unreachable past the retries; nothing was half-written."""
+
+    default_code = "STORAGE_000"
+    kind: ClassVar[ErrorKind] = "unavailable"
+
+
+class StaleStateError(StorageError):
+    """A put continued a thread whose head moved on; it stored nothing.
+
+    The thread is usable at once: the next run loads the true head.
+    """
+
+    default_code = "STORAGE_CONFLICT_001"
+    kind: ClassVar[ErrorKind] = "conflict"
+
+    def __init__(self, thread_id: str, checkpoint_ns: str, expected: str | None, current: str | None) -> None:
+        where = f"thread {thread_id!r}" + (f" namespace {checkpoint_ns!r}" if checkpoint_ns else "")
+        super().__init__(
+            f"{where} moved on: this run continued from checkpoint {expected!r} but the head is "
+            f"now {current!r}; nothing was stored. Load the thread again and retry.",
+            context={
+                "thread_id": thread_id,
+                "checkpoint_ns": checkpoint_ns,
+                "expected_head": expected,
+                "current_head": current,
+            },
+        )
+        self.thread_id = thread_id
+        self.expected = expected
+        self.current = current
+
+
+class StorageForbiddenError(StorageError):
+    """A user tried to write a thread another user owns."""
+
+    default_code = "STORAGE_FORBIDDEN_001"
+    kind: ClassVar[ErrorKind] = "forbidden"
+
+    def __init__(self, thread_id: str, user_id: str) -> None:
+        super().__init__(
+            f"thread {thread_id!r} belongs to another user; user {user_id!r} may not write it. "
+            "Use a thread id of your own.",
+            context={"thread_id": thread_id, "user_id": user_id},
+        )
+
+
+class CheckpointDeleteError(StorageError):
+    """Deleting a thread made no progress against a writer that keeps adding to it."""
+
+    default_code = "STORAGE_DELETE_001"

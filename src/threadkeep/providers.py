@@ -1,0 +1,148 @@
+"""The providers, their facts, and the one entry point that builds a saver (SPEC P1-P4).
+
+Each provider registers a builder: ``(settings, options) -> ThreadkeepSaver``. Drivers are
+imported inside the builders, so a deployment pays only for the provider it uses.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from langgraph.checkpoint.serde.base import SerializerProtocol
+
+from threadkeep.codec.serde import build_serde
+from threadkeep.errors import ConfigurationError
+from threadkeep.saver import ProviderFacts, ThreadkeepSaver
+from threadkeep.settings import PROVIDERS, Settings
+
+__all__ = ["FACTS", "SaverOptions", "facts_of", "open_checkpointer", "register_provider"]
+
+FACTS: Mapping[str, ProviderFacts] = {
+    "memory": ProviderFacts("memory", survives_restart=False, expiry="process", holds_parked_runs=False),
+    "sqlite": ProviderFacts("sqlite", survives_restart=True, expiry="sweep", holds_parked_runs=False),
+    "postgres": ProviderFacts("postgres", survives_restart=True, expiry="sweep", holds_parked_runs=True),
+    "redis": ProviderFacts("redis", survives_restart=True, expiry="ttl", holds_parked_runs=True),
+    "tiered": ProviderFacts("tiered", survives_restart=True, expiry="sweep", holds_parked_runs=True),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class SaverOptions:
+    """Per-saver options that override the deployment settings.
+
+    Attributes:
+        serde: A serializer to store values with (wrapped for compression); default: the
+            codec the settings name.
+        enforce_user_isolation: See :class:`~threadkeep.saver.ThreadkeepSaver`.
+        state_history_limit: Newest checkpoints kept per (thread, namespace).
+        clock: Wall-clock seconds.
+        backend: Provider-specific options (``synchronous``, ``busy_timeout_ms``,
+            ``max_connections`` for sqlite).
+    """
+
+    serde: SerializerProtocol | None = None
+    enforce_user_isolation: bool | None = None
+    state_history_limit: int | None = None
+    clock: Callable[[], float] = time.time
+    backend: Mapping[str, Any] = field(default_factory=dict)
+
+
+_COMMON = frozenset({"serde", "enforce_user_isolation", "state_history_limit", "clock"})
+Builder = Callable[[Settings, SaverOptions], ThreadkeepSaver]
+_BUILDERS: dict[str, tuple[Builder, frozenset[str]]] = {}
+
+
+def register_provider(name: str, builder: Builder, options: frozenset[str] = frozenset()) -> None:
+    """Register the builder of provider ``name`` and the backend options it accepts."""
+    if name not in PROVIDERS:
+        raise ValueError(f"unknown provider {name!r}")
+    _BUILDERS[name] = (builder, options)
+
+
+def facts_of(provider: str) -> ProviderFacts:
+    """What provider ``provider`` promises (SPEC P4)."""
+    try:
+        return FACTS[provider]
+    except KeyError:
+        raise ConfigurationError(
+            f"unknown checkpoint provider {provider!r}; choose one of {', '.join(PROVIDERS)}"
+        ) from None
+
+
+def open_checkpointer(
+    provider: str | None = None,
+    conn_string: str | None = None,
+    *,
+    settings: Settings | None = None,
+    **options: Any,
+) -> ThreadkeepSaver:
+    """Build the checkpointer the settings (or the arguments) name.
+
+    With no arguments it follows ``LLM_PROVIDER_CHECKPOINT*``: by default a SQLite file at
+    ``.threadkeep/checkpoints.sqlite`` under the working directory. Close the saver (or use
+    it as a context manager) when done.
+
+    Args:
+        provider: ``memory``, ``sqlite``, ``postgres``, ``redis`` or ``tiered``.
+        conn_string: The provider's connection string (a path for sqlite).
+        settings: Deployment settings; default: read from the environment.
+        **options: ``serde``, ``enforce_user_isolation``, ``state_history_limit``,
+            ``clock``, and the provider's own options.
+
+    Raises:
+        ConfigurationError: an unknown provider or option, or a setting refused.
+        CheckpointStoreFormatError: the store holds checkpoints of another format.
+    """
+    base = settings or Settings.from_env()
+    if provider is not None:
+        facts_of(provider)
+        base = base.with_values(provider=provider, conn_string=conn_string)
+    elif conn_string is not None:
+        base = base.with_values(conn_string=conn_string)
+    if base.provider not in _BUILDERS:
+        _load_builtin_builders()
+    entry = _BUILDERS.get(base.provider)
+    if entry is None:
+        raise ConfigurationError(
+            f"the {base.provider} provider is not part of this threadkeep build",
+            context={"provider": base.provider},
+        )
+    builder, backend_options = entry
+    unknown = sorted(set(options) - _COMMON - backend_options)
+    if unknown:
+        raise ConfigurationError(
+            f"unknown option(s) {', '.join(unknown)} for the {base.provider} provider; accepted: "
+            f"{', '.join(sorted(_COMMON | backend_options))}",
+            context={"options": unknown},
+        )
+    common = {k: v for k, v in options.items() if k in _COMMON}
+    backend = {k: v for k, v in options.items() if k in backend_options}
+    return builder(base, SaverOptions(**common, backend=backend))
+
+
+def saver_kwargs(settings: Settings, options: SaverOptions) -> dict[str, Any]:
+    """The ThreadkeepSaver keyword arguments every builder passes on."""
+    return {
+        "serde": build_serde(
+            settings.codec, compress_threshold=settings.inline_compress_bytes, inner=options.serde
+        ),
+        "enforce_user_isolation": (
+            settings.enforce_user_isolation
+            if options.enforce_user_isolation is None
+            else options.enforce_user_isolation
+        ),
+        "state_history_limit": (
+            settings.state_history_limit
+            if options.state_history_limit is None
+            else options.state_history_limit
+        ),
+        "clock": options.clock,
+    }
+
+
+def _load_builtin_builders() -> None:
+    # Importing a backend package registers its provider.
+    from threadkeep.backends import sqlite  # noqa: F401

@@ -1,0 +1,359 @@
+"""The LangGraph checkpointer every provider hands out.
+
+:class:`ThreadkeepSaver` is one class for all providers: it turns LangGraph's calls into
+encoded steps (:mod:`threadkeep.core.records`), runs the backend's program for each on the
+backend's engine, and returns what the program returns. The sync and async methods of each
+pair differ only in how the program is run.
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+import time
+from collections.abc import AsyncIterator, Callable, Collection, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, Literal, Protocol, TypeVar
+
+from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.base import (
+    BaseCheckpointSaver,
+    ChannelVersions,
+    Checkpoint,
+    CheckpointMetadata,
+    CheckpointTuple,
+)
+from langgraph.checkpoint.serde.base import SerializerProtocol
+
+from threadkeep.codec.serde import build_serde, with_allowlist
+from threadkeep.core.identity import Actor, actor_for
+from threadkeep.core.program import Engine, Program, ProgramFactory
+from threadkeep.core.records import (
+    ListQuery,
+    PutStep,
+    Target,
+    WritesStep,
+    prepare_put,
+    prepare_writes,
+    target_of,
+)
+
+__all__ = ["Backend", "ProviderFacts", "ThreadkeepSaver"]
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class ProviderFacts:
+    """What a provider can promise (SPEC P4).
+
+    Attributes:
+        name: The provider's name (``sqlite``, ``postgres``, ...).
+        survives_restart: Whether threads outlive the process.
+        expiry: How expired threads leave: ``"sweep"`` (the checkpoint sweep deletes them),
+            ``"ttl"`` (key TTLs), ``"process"`` (with the process).
+        holds_parked_runs: Whether a run parked on ``ask`` can be resumed by another worker.
+    """
+
+    name: str
+    survives_restart: bool
+    expiry: Literal["sweep", "ttl", "process"]
+    holds_parked_runs: bool
+
+
+class Backend(Protocol):
+    """The storage operations of one store, as program factories run on its engine."""
+
+    engine: Engine
+
+    def put(self, step: PutStep) -> Program[RunnableConfig]: ...
+
+    def put_writes(self, step: WritesStep) -> Program[None]: ...
+
+    def get_tuple(self, target: Target, serde: SerializerProtocol) -> Program[CheckpointTuple | None]: ...
+
+    def list_page(
+        self, query: ListQuery, serde: SerializerProtocol
+    ) -> Program[tuple[list[CheckpointTuple], ListQuery | None]]: ...
+
+    def delete_thread(self, thread_id: str, owner: str | None) -> Program[bool]: ...
+
+    def delete_for_runs(self, run_ids: Sequence[str], owner: str | None) -> Program[int]: ...
+
+    def copy_thread(self, source: str, target: str, actor: Actor, now: float) -> Program[bool]: ...
+
+    def prune(self, thread_ids: Sequence[str], strategy: str, owner: str | None) -> Program[None]: ...
+
+    def stats(self) -> dict[str, Any]: ...
+
+    def check(self) -> None: ...
+
+    def reset(self) -> None: ...
+
+
+class ThreadkeepSaver(BaseCheckpointSaver[str]):
+    """A LangGraph checkpointer with the full sync and async API, on any threadkeep store.
+
+    Build one with :func:`threadkeep.open_checkpointer`. Close it (or use it as a context
+    manager) to release the connections it opened.
+
+    Args:
+        backend: The store's operations and engine.
+        facts: What the provider promises.
+        serde: How values are stored; default: the faithful JSON codec with compression.
+        enforce_user_isolation: A thread belongs to the user who first wrote it (SPEC W3).
+        state_history_limit: Keep only the newest N checkpoints per (thread, namespace).
+        clock: Wall-clock seconds; tests pass a controllable one.
+    """
+
+    def __init__(
+        self,
+        backend: Backend,
+        facts: ProviderFacts,
+        *,
+        serde: SerializerProtocol | None = None,
+        enforce_user_isolation: bool = True,
+        state_history_limit: int | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        super().__init__(serde=serde or build_serde())
+        self.backend = backend
+        self.facts = facts
+        self.enforce_user_isolation = enforce_user_isolation
+        self.state_history_limit = state_history_limit
+        self.clock = clock
+        self._owned: list[Callable[[], None]] = [backend.engine.close]
+
+    # running programs ---------------------------------------------------------------------
+
+    def _run(self, make: ProgramFactory[T], *, write: bool = False) -> T:
+        return self.backend.engine.run(make, write=write)
+
+    async def _arun(self, make: ProgramFactory[T], *, write: bool = False) -> T:
+        return await self.backend.engine.arun(make, write=write)
+
+    def _actor(self) -> Actor:
+        return actor_for(None, isolate=self.enforce_user_isolation)
+
+    def _target(self, config: RunnableConfig) -> Target:
+        return target_of(config, isolate=self.enforce_user_isolation)
+
+    def _put_step(
+        self,
+        config: RunnableConfig,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+    ) -> ProgramFactory[RunnableConfig]:
+        step = prepare_put(
+            config,
+            checkpoint,
+            metadata,
+            new_versions,
+            self.serde,
+            isolate=self.enforce_user_isolation,
+            history_limit=self.state_history_limit,
+            now=self.clock(),
+        )
+        return lambda: self.backend.put(step)
+
+    def _writes_step(
+        self, config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_id: str, task_path: str
+    ) -> ProgramFactory[None]:
+        step = prepare_writes(
+            config,
+            writes,
+            task_id,
+            task_path,
+            self.serde,
+            isolate=self.enforce_user_isolation,
+            now=self.clock(),
+        )
+        return lambda: self.backend.put_writes(step)
+
+    def _get_tuple(self, config: RunnableConfig) -> ProgramFactory[CheckpointTuple | None]:
+        target, serde = self._target(config), self.serde
+        return lambda: self.backend.get_tuple(target, serde)
+
+    def _list_query(
+        self,
+        config: RunnableConfig | None,
+        filter: dict[str, Any] | None,
+        before: RunnableConfig | None,
+        limit: int | None,
+    ) -> ListQuery | None:
+        query = ListQuery.from_call(
+            config, filter=filter, before=before, limit=limit, isolate=self.enforce_user_isolation
+        )
+        return None if query.done else query
+
+    def _list_page(self, query: ListQuery) -> ProgramFactory[tuple[list[CheckpointTuple], ListQuery | None]]:
+        serde = self.serde
+        return lambda: self.backend.list_page(query, serde)
+
+    def _delete_thread(self, thread_id: str) -> ProgramFactory[bool]:
+        owner = self._actor().owner_filter
+        return lambda: self.backend.delete_thread(str(thread_id), owner)
+
+    def _delete_for_runs(self, run_ids: Sequence[str]) -> ProgramFactory[int]:
+        owner, ids = self._actor().owner_filter, [str(r) for r in run_ids]
+        return lambda: self.backend.delete_for_runs(ids, owner)
+
+    def _copy_thread(self, source: str, target: str) -> ProgramFactory[bool]:
+        actor, now = self._actor(), self.clock()
+        return lambda: self.backend.copy_thread(str(source), str(target), actor, now)
+
+    def _prune(self, thread_ids: Sequence[str], strategy: str) -> ProgramFactory[None]:
+        owner, ids = self._actor().owner_filter, [str(t) for t in thread_ids]
+        return lambda: self.backend.prune(ids, strategy, owner)
+
+    # LangGraph's API ----------------------------------------------------------------------
+
+    def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        """The addressed checkpoint, or the newest of the thread's namespace."""
+        return self._run(self._get_tuple(config))
+
+    async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        """Async :meth:`get_tuple`."""
+        return await self._arun(self._get_tuple(config))
+
+    def list(
+        self,
+        config: RunnableConfig | None,
+        *,
+        filter: dict[str, Any] | None = None,
+        before: RunnableConfig | None = None,
+        limit: int | None = None,
+    ) -> Iterator[CheckpointTuple]:
+        """Checkpoints newest first, a page at a time; ``config=None`` lists every thread."""
+        query = self._list_query(config, filter, before, limit)
+        while query is not None:
+            page, query = self._run(self._list_page(query))
+            yield from page
+
+    async def alist(
+        self,
+        config: RunnableConfig | None,
+        *,
+        filter: dict[str, Any] | None = None,
+        before: RunnableConfig | None = None,
+        limit: int | None = None,
+    ) -> AsyncIterator[CheckpointTuple]:
+        """Async :meth:`list`."""
+        query = self._list_query(config, filter, before, limit)
+        while query is not None:
+            page, query = await self._arun(self._list_page(query))
+            for item in page:
+                yield item
+
+    def put(
+        self,
+        config: RunnableConfig,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+    ) -> RunnableConfig:
+        """Store a checkpoint atomically (SPEC W1).
+
+        Raises:
+            StaleStateError: the put continues a thread whose head moved on (SPEC W2).
+            StorageForbiddenError: the thread belongs to another user (SPEC W3).
+            CheckpointSerializationError: a value cannot be stored faithfully.
+        """
+        return self._run(self._put_step(config, checkpoint, metadata, new_versions), write=True)
+
+    async def aput(
+        self,
+        config: RunnableConfig,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+    ) -> RunnableConfig:
+        """Async :meth:`put`."""
+        return await self._arun(self._put_step(config, checkpoint, metadata, new_versions), write=True)
+
+    def put_writes(
+        self, config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_id: str, task_path: str = ""
+    ) -> None:
+        """Store a task's writes against the checkpoint it was planned from."""
+        self._run(self._writes_step(config, writes, task_id, task_path), write=True)
+
+    async def aput_writes(
+        self, config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_id: str, task_path: str = ""
+    ) -> None:
+        """Async :meth:`put_writes`."""
+        await self._arun(self._writes_step(config, writes, task_id, task_path), write=True)
+
+    def delete_thread(self, thread_id: str) -> None:
+        """Delete every checkpoint, write and message of a thread the caller can see."""
+        self._run(self._delete_thread(thread_id), write=True)
+
+    async def adelete_thread(self, thread_id: str) -> None:
+        """Async :meth:`delete_thread`."""
+        await self._arun(self._delete_thread(thread_id), write=True)
+
+    def delete_for_runs(self, run_ids: Sequence[str]) -> None:
+        """Delete the checkpoints whose metadata ``run_id`` is one of ``run_ids``."""
+        self._run(self._delete_for_runs(run_ids), write=True)
+
+    async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
+        """Async :meth:`delete_for_runs`."""
+        await self._arun(self._delete_for_runs(run_ids), write=True)
+
+    def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        """Copy every checkpoint, write and message of one thread onto another."""
+        self._run(self._copy_thread(source_thread_id, target_thread_id), write=True)
+
+    async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        """Async :meth:`copy_thread`."""
+        await self._arun(self._copy_thread(source_thread_id, target_thread_id), write=True)
+
+    def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
+        """Keep only each namespace's latest checkpoint (``keep_latest``), or delete all."""
+        self._run(self._prune(thread_ids, strategy), write=True)
+
+    async def aprune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
+        """Async :meth:`prune`."""
+        await self._arun(self._prune(thread_ids, strategy), write=True)
+
+    def get_next_version(self, current: str | None, channel: None) -> str:
+        """Versions that sort as they grow and never collide across branches."""
+        # LangGraph may hand back an int version from another saver; accept both.
+        number = 0 if current is None else int(str(current).split(".")[0])
+        return f"{number + 1:032}.{random.random():016}"
+
+    def with_allowlist(self, extra_allowlist: Collection[tuple[str, ...]]) -> ThreadkeepSaver:
+        """A shallow copy whose serializer also allows ``extra_allowlist`` classes on read."""
+        clone = copy.copy(self)
+        clone._owned = []  # the original closes what it opened
+        clone.serde = with_allowlist(self.serde, extra_allowlist)
+        return clone
+
+    # lifecycle ------------------------------------------------------------------------------
+
+    def stats(self) -> Mapping[str, Any]:
+        """Counts of what the store holds (threads, checkpoints, messages)."""
+        return self.backend.stats()
+
+    def close(self) -> None:
+        """Release what this saver opened; never a pool or client it was given."""
+        owned, self._owned = self._owned, []
+        for release in owned:
+            release()
+
+    def __enter__(self) -> ThreadkeepSaver:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    async def __aenter__(self) -> ThreadkeepSaver:
+        return self
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()

@@ -1,0 +1,203 @@
+"""Deployment settings, read once from the environment and refused loudly when wrong.
+
+Every variable is listed in :data:`VARIABLES` with its default; ``docs/settings.md`` is the
+reader's copy of the same table. A refusal names the variable and the value it saw.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
+from typing import Literal, get_args
+
+from threadkeep.errors import ConfigurationError
+
+ProviderName = Literal["memory", "sqlite", "postgres", "redis", "tiered"]
+CodecName = Literal["json", "msgpack"]
+
+PROVIDERS: tuple[str, ...] = get_args(ProviderName)
+CODECS: tuple[str, ...] = get_args(CodecName)
+
+PREFIX = "LLM_PROVIDER_CHECKPOINT"
+DEFAULT_SQLITE_PATH = ".threadkeep/checkpoints.sqlite"
+
+REMOVED_VARIABLES: Mapping[str, str] = {
+    "LLM_PROVIDER_CHECKPOINT_TTL_MINUTES": (
+        "use LLM_PROVIDER_CHECKPOINT_RETENTION_WAITING_MINUTES and "
+        "LLM_PROVIDER_CHECKPOINT_RETENTION_FINISHED_MINUTES"
+    ),
+    "FLOW_CHECKPOINT_RETENTION_DAYS": (
+        "use the two LLM_PROVIDER_CHECKPOINT_RETENTION_*_MINUTES values and the checkpoint sweep"
+    ),
+}
+
+# variable name -> (Settings field, default as the environment would spell it)
+VARIABLES: Mapping[str, tuple[str, str | None]] = {
+    PREFIX: ("provider", "sqlite"),
+    f"{PREFIX}_CONN_STRING": ("conn_string", None),
+    f"{PREFIX}_CACHE_URL": ("cache_url", None),
+    f"{PREFIX}_CODEC": ("codec", "json"),
+    f"{PREFIX}_INLINE_COMPRESS_BYTES": ("inline_compress_bytes", "65536"),
+    f"{PREFIX}_RETENTION_WAITING_MINUTES": ("retention_waiting_minutes", "10080"),
+    f"{PREFIX}_RETENTION_FINISHED_MINUTES": ("retention_finished_minutes", "1440"),
+    f"{PREFIX}_USER_ISOLATION": ("enforce_user_isolation", "true"),
+    f"{PREFIX}_HISTORY_LIMIT": ("state_history_limit", None),
+    f"{PREFIX}_RETRY_ATTEMPTS": ("retry_attempts", "3"),
+    f"{PREFIX}_RETRY_BACKOFF_SECONDS": ("retry_backoff_seconds", "1.0"),
+    "DATABASE_URL": ("database_url", None),
+    "REDIS_URL": ("redis_url", None),
+}
+
+_TRUE = frozenset({"1", "true", "yes", "on"})
+_FALSE = frozenset({"0", "false", "no", "off"})
+_NULL = frozenset({"null", "none", ""})
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """The checkpoint settings of one deployment.
+
+    Build it with :meth:`Settings.from_env`; constructing it directly validates the same way.
+    """
+
+    provider: ProviderName = "sqlite"
+    conn_string: str | None = None
+    cache_url: str | None = None
+    codec: CodecName = "json"
+    inline_compress_bytes: int | None = 65536
+    retention_waiting_minutes: int = 10080
+    retention_finished_minutes: int = 1440
+    enforce_user_isolation: bool = True
+    state_history_limit: int | None = None
+    retry_attempts: int = 3
+    retry_backoff_seconds: float = 1.0
+    database_url: str | None = field(default=None, repr=False)
+    redis_url: str | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        _check_choice("provider", self.provider, PROVIDERS)
+        _check_choice("codec", self.codec, CODECS)
+        for name in ("retention_waiting_minutes", "retention_finished_minutes", "retry_attempts"):
+            _check_positive(name, getattr(self, name))
+        for name in ("inline_compress_bytes", "state_history_limit"):
+            value = getattr(self, name)
+            if value is not None:
+                _check_positive(name, value)
+        if self.retry_backoff_seconds < 0:
+            raise ConfigurationError(
+                f"{_variable('retry_backoff_seconds')}={self.retry_backoff_seconds!r} must not be negative",
+                context={"variable": _variable("retry_backoff_seconds")},
+            )
+        if self.retention_finished_minutes > self.retention_waiting_minutes:
+            raise ConfigurationError(
+                f"{_variable('retention_finished_minutes')}={self.retention_finished_minutes} "
+                f"exceeds {_variable('retention_waiting_minutes')}="
+                f"{self.retention_waiting_minutes}: a finished thread may not outlive a waiting one",
+                context={
+                    "finished_minutes": self.retention_finished_minutes,
+                    "waiting_minutes": self.retention_waiting_minutes,
+                },
+            )
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
+        """Read the settings from ``environ`` (default: ``os.environ``).
+
+        Raises:
+            ConfigurationError: a removed variable is set, or a value is malformed or out of
+                range; the message names the variable and the value.
+        """
+        env = os.environ if environ is None else environ
+        refuse_removed(env)
+        values: dict[str, object] = {}
+        for variable, (name, _default) in VARIABLES.items():
+            raw = env.get(variable)
+            if raw is not None:
+                values[name] = _parse(variable, name, raw)
+        return cls(**values)  # type: ignore[arg-type]
+
+    def with_values(self, **changes: object) -> Settings:
+        """Return a copy with ``changes`` applied and validated like :meth:`from_env`."""
+        return replace(self, **changes)  # type: ignore[arg-type]
+
+    def sqlite_path(self) -> str:
+        """The SQLite file path this deployment uses."""
+        return self.conn_string or DEFAULT_SQLITE_PATH
+
+    def as_env(self) -> dict[str, str | None]:
+        """The settings spelled as environment variables (secrets included; do not log)."""
+        out: dict[str, str | None] = {}
+        for variable, (name, _default) in VARIABLES.items():
+            value = getattr(self, name)
+            out[variable] = (
+                None if value is None else str(value).lower() if isinstance(value, bool) else str(value)
+            )
+        return out
+
+
+def refuse_removed(environ: Mapping[str, str]) -> None:
+    """Refuse any removed variable present in ``environ``, naming it and its replacement."""
+    for variable, instead in REMOVED_VARIABLES.items():
+        if variable in environ:
+            raise ConfigurationError(
+                f"{variable} was removed and is still set (to {environ[variable]!r}); unset it and {instead}",
+                code="CONFIG_REMOVED_001",
+                context={"variable": variable},
+            )
+
+
+def _variable(name: str) -> str:
+    for variable, (field_name, _default) in VARIABLES.items():
+        if field_name == name:
+            return variable
+    return name  # pragma: no cover - every field has a variable
+
+
+def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ConfigurationError(
+            f"{_variable(name)}={value!r} is not one of {', '.join(choices)}",
+            context={"variable": _variable(name), "value": value},
+        )
+
+
+def _check_positive(name: str, value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ConfigurationError(
+            f"{_variable(name)}={value!r} must be a positive whole number",
+            context={"variable": _variable(name), "value": value},
+        )
+
+
+def _parse(variable: str, name: str, raw: str) -> object:
+    kinds = {f.name: f.type for f in fields(Settings)}
+    kind = str(kinds[name])
+    text = raw.strip()
+    if "None" in kind and text.lower() in _NULL:
+        return None
+    if kind.startswith("bool"):
+        if text.lower() in _TRUE:
+            return True
+        if text.lower() in _FALSE:
+            return False
+        raise ConfigurationError(
+            f"{variable}={raw!r} is not a boolean (true or false)",
+            context={"variable": variable, "value": raw},
+        )
+    if kind.startswith("int"):
+        try:
+            return int(text)
+        except ValueError:
+            raise ConfigurationError(
+                f"{variable}={raw!r} is not a whole number" + (" (or null)" if "None" in kind else ""),
+                context={"variable": variable, "value": raw},
+            ) from None
+    if kind.startswith("float"):
+        try:
+            return float(text)
+        except ValueError:
+            raise ConfigurationError(
+                f"{variable}={raw!r} is not a number", context={"variable": variable, "value": raw}
+            ) from None
+    return text if name in ("provider", "codec") else raw
