@@ -168,6 +168,7 @@ class ThreadkeepSaver(BaseCheckpointSaver[str]):
             task_path,
             self.serde,
             isolate=self.enforce_user_isolation,
+            history_limit=self.state_history_limit,
             now=self.clock(),
         )
         return lambda: self.backend.put_writes(step)

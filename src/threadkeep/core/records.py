@@ -211,6 +211,7 @@ class WritesStep:
     target: Target
     rows: tuple[WriteRow, ...]
     now: float
+    history_limit: int | None
 
 
 def prepare_writes(
@@ -221,6 +222,7 @@ def prepare_writes(
     serde: SerializerProtocol,
     *,
     isolate: bool,
+    history_limit: int | None,
     now: float,
 ) -> WritesStep:
     """Encode a ``put_writes``; each write keyed as LangGraph's ``WRITES_IDX_MAP`` says."""
@@ -236,7 +238,7 @@ def prepare_writes(
         rows.append(
             WriteRow(task_id, WRITES_IDX_MAP.get(channel, position), task_path, channel, kind, payload)
         )
-    return WritesStep(target, tuple(rows), now)
+    return WritesStep(target, tuple(rows), now, history_limit)
 
 
 def decode_value(serde: SerializerProtocol, kind: str, payload: bytes, path: str) -> Any:

@@ -69,6 +69,7 @@ class SqlDialect(Protocol):
     INSERT_LINK: str
     UPSERT_BLOB: str
     UPSERT_CHECKPOINT: str
+    WRITES_TARGET_PRUNED: str
     INSERT_WRITE: str
     UPSERT_WRITE: str
     SELECT_LATEST: str
@@ -218,10 +219,18 @@ def _stored_prefix(q: SqlDialect, tid: int, nodes: Sequence[bytes]) -> Program[i
 
 
 def put_writes(q: SqlDialect, step: WritesStep) -> Program[None]:
-    """Store a task's writes: regular ones once, special ones (errors, interrupts) overwritten."""
+    """Store a task's writes: regular ones once, special ones (errors, interrupts) overwritten.
+
+    LangGraph may deliver a task's writes after later checkpoints were stored; under a
+    history limit, writes whose checkpoint was already pruned are dropped with it.
+    """
     target = step.target
     tid = yield from _thread_for_write(q, target.thread_id, target.actor, step.now)
     base = {"tid": tid, "checkpoint_ns": target.checkpoint_ns, "checkpoint_id": target.checkpoint_id}
+    if step.history_limit is not None:
+        ((pruned,),) = yield Sql(q.WRITES_TARGET_PRUNED, {**base, "offset": step.history_limit - 1})
+        if pruned:
+            return
     rows = [
         {
             **base,
@@ -521,7 +530,10 @@ def reset(q: SqlDialect) -> Program[None]:
         yield Sql(statement, {})
 
 
+STAT_NAMES = ("threads", "checkpoints", "channel_values", "writes", "messages", "payload_bytes")
+
+
 def stats(q: SqlDialect) -> Program[dict[str, int]]:
-    """Counts of threads, checkpoints and stored messages."""
-    ((threads, checkpoints, messages),) = yield Sql(q.STATS, {})
-    return {"threads": int(threads), "checkpoints": int(checkpoints), "messages": int(messages)}
+    """What the store holds: counts of rows, and the bytes of their stored payloads."""
+    (row,) = yield Sql(q.STATS, {})
+    return dict(zip(STAT_NAMES, map(int, row), strict=True))

@@ -70,6 +70,15 @@ ON CONFLICT (tid, checkpoint_ns, checkpoint_id) DO UPDATE SET
 
 # --- put_writes --------------------------------------------------------------------------
 
+# Whether writes target a checkpoint the history limit already pruned (they arrived late).
+WRITES_TARGET_PRUNED = """
+SELECT NOT EXISTS (SELECT 1 FROM tk_checkpoints
+                   WHERE tid = :tid AND checkpoint_ns = :checkpoint_ns AND checkpoint_id = :checkpoint_id)
+   AND :checkpoint_id < (SELECT checkpoint_id FROM tk_checkpoints
+                         WHERE tid = :tid AND checkpoint_ns = :checkpoint_ns
+                         ORDER BY checkpoint_id DESC LIMIT 1 OFFSET :offset)
+"""
+
 INSERT_WRITE = """
 INSERT INTO tk_writes (tid, checkpoint_ns, checkpoint_id, task_id, idx, task_path, channel, type, value)
 VALUES (:tid, :checkpoint_ns, :checkpoint_id, :task_id, :idx, :task_path, :channel, :type, :value)
@@ -275,8 +284,17 @@ RESET: tuple[str, ...] = (
 )
 
 STATS = """
-SELECT (SELECT count(*) FROM tk_threads), (SELECT count(*) FROM tk_checkpoints),
-       (SELECT count(*) FROM tk_messages)
+SELECT
+    (SELECT count(*) FROM tk_threads),
+    (SELECT count(*) FROM tk_checkpoints),
+    (SELECT count(*) FROM tk_blobs),
+    (SELECT count(*) FROM tk_writes),
+    (SELECT count(*) FROM tk_messages),
+    (SELECT coalesce(sum(length(checkpoint) + length(metadata)), 0) FROM tk_checkpoints)
+    + (SELECT coalesce(sum(length(value)), 0) FROM tk_blobs)
+    + (SELECT coalesce(sum(length(value)), 0) FROM tk_writes)
+    + (SELECT coalesce(sum(length(value)), 0) FROM tk_messages)
+    + (SELECT count(*) * 48 FROM tk_message_links)
 """
 
 

@@ -1,0 +1,65 @@
+"""Fixtures every test shares: a fresh store per provider, and the conformance reports."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.providers import CASES, SHARED_STORE, Opener, ProviderCase, require
+
+CONFORMANCE_REPORTS: list[str] = []
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "provider" in metafunc.fixturenames:
+        metafunc.parametrize("provider", list(CASES.values()), ids=list(CASES), indirect=True)
+
+
+@pytest.fixture
+def provider(request: pytest.FixtureRequest) -> ProviderCase:
+    case: ProviderCase = request.param
+    require(case)
+    return case
+
+
+@pytest.fixture
+def open_saver(provider: ProviderCase, tmp_path: Path) -> Iterator[Opener]:
+    """Open savers on one fresh store of the provider; all are closed after the test.
+
+    Every call opens a new saver instance on the same store (for providers that can share
+    one); ``fresh=True`` opens a new, separate store.
+    """
+    opened: list[Any] = []
+    store = provider.open(tmp_path, uuid.uuid4().hex)
+
+    def open_(*, fresh: bool = False, **options: Any) -> Any:
+        opener = provider.open(tmp_path, uuid.uuid4().hex) if fresh else store
+        saver = opener(**options)
+        opened.append(saver)
+        return saver
+
+    yield open_
+    for saver in opened:
+        saver.close()
+
+
+@pytest.fixture
+def saver(open_saver: Opener) -> Any:
+    """One saver on a fresh store of the provider under test."""
+    return open_saver()
+
+
+@pytest.fixture
+def shares_store(provider: ProviderCase) -> bool:
+    return provider.name in SHARED_STORE
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if CONFORMANCE_REPORTS:
+        terminalreporter.section("langgraph-checkpoint-conformance 0.0.2")
+        for report in CONFORMANCE_REPORTS:
+            terminalreporter.write_line(report)

@@ -1,0 +1,123 @@
+"""SPEC S1-S3: messages stored once, unchanged channels not stored again, history limits."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from langchain_core.messages import AIMessage, HumanMessage, RemoveMessage
+from langgraph.graph import END, START, MessagesState, StateGraph
+
+from tests.providers import Opener
+from threadkeep.workload import TOOL_ROUND_TRIPS, build_agent, run_turns
+
+MESSAGES_PER_TURN = 2 + 2 * TOOL_ROUND_TRIPS
+
+
+def cfg(thread_id: str, **extra: Any) -> dict[str, Any]:
+    return {"configurable": {"thread_id": thread_id, **extra}}
+
+
+def echo_graph(saver: Any) -> Any:
+    def reply(state: MessagesState) -> dict[str, Any]:
+        return {"messages": [AIMessage(content=f"echo: {state['messages'][-1].content}")]}
+
+    builder = StateGraph(MessagesState)
+    builder.add_node("reply", reply)
+    builder.add_edge(START, "reply")
+    builder.add_edge("reply", END)
+    return builder.compile(checkpointer=saver)
+
+
+def test_s1_each_message_is_stored_once_per_thread(saver: Any) -> None:
+    run_turns(build_agent(saver), "once", 4)
+    assert saver.stats()["messages"] == 4 * MESSAGES_PER_TURN
+    assert saver.stats()["checkpoints"] > 4 * MESSAGES_PER_TURN
+
+
+def test_s1_storage_grows_linearly_with_the_conversation(open_saver: Opener) -> None:
+    short, long = open_saver(fresh=True), open_saver(fresh=True)
+    run_turns(build_agent(short), "short", 5)
+    run_turns(build_agent(long), "long", 10)
+    ratio = long.stats()["payload_bytes"] / short.stats()["payload_bytes"]
+    assert 1.8 < ratio < 2.3  # twice the conversation, twice the bytes: not four times
+
+
+def test_s1_old_checkpoint_reads_back_its_messages_after_edits_and_removals(saver: Any) -> None:
+    graph = echo_graph(saver)
+    graph.invoke({"messages": [HumanMessage("hello", id="h1")]}, cfg("edits"))
+    before = graph.get_state(cfg("edits"))
+    original = before.values["messages"]
+    assert [m.content for m in original] == ["hello", "echo: hello"]
+
+    graph.update_state(cfg("edits"), {"messages": [HumanMessage("hello, edited", id="h1")]})
+    graph.update_state(cfg("edits"), {"messages": [RemoveMessage(id=original[1].id)]})
+    assert [m.content for m in graph.get_state(cfg("edits")).values["messages"]] == ["hello, edited"]
+
+    assert graph.get_state(before.config).values["messages"] == original
+    # and a fresh read of every checkpoint in the history decodes
+    contents = [[m.content for m in s.values["messages"]] for s in graph.get_state_history(cfg("edits"))]
+    assert contents[:3] == [["hello, edited"], ["hello, edited", "echo: hello"], ["hello", "echo: hello"]]
+
+
+def test_s1_threads_never_share_messages_even_with_the_same_ids(saver: Any) -> None:
+    graph = echo_graph(saver)
+    graph.invoke({"messages": [HumanMessage("for alpha", id="same")]}, cfg("alpha"))
+    graph.invoke({"messages": [HumanMessage("for beta", id="same")]}, cfg("beta"))
+    graph.update_state(cfg("beta"), {"messages": [HumanMessage("beta rewrote it", id="same")]})
+    alpha = graph.get_state(cfg("alpha")).values["messages"]
+    beta = graph.get_state(cfg("beta")).values["messages"]
+    assert [m.content for m in alpha] == ["for alpha", "echo: for alpha"]
+    assert [m.content for m in beta] == ["beta rewrote it", "echo: for beta"]
+    saver.delete_thread("beta")
+    assert [m.content for m in graph.get_state(cfg("alpha")).values["messages"]] == [
+        "for alpha",
+        "echo: for alpha",
+    ]
+
+
+def test_s1_a_fork_stores_only_what_differs(saver: Any) -> None:
+    graph = build_agent(saver)
+    run_turns(graph, "fork", 2)
+    stored = saver.stats()["messages"]
+    first_turn_end = next(
+        s for s in graph.get_state_history(cfg("fork")) if len(s.values["messages"]) == MESSAGES_PER_TURN
+    )
+    graph.invoke({"messages": [HumanMessage("a different second question")]}, first_turn_end.config)
+    # the fork shares the first turn's messages; only its own turn is new
+    assert saver.stats()["messages"] == stored + MESSAGES_PER_TURN
+
+
+def test_s2_unchanged_channels_are_not_stored_again(saver: Any) -> None:
+    from langgraph.checkpoint.base import empty_checkpoint
+
+    first = empty_checkpoint()
+    first["channel_values"] = {"big": "x" * 10_000, "counter": 1}
+    first["channel_versions"] = {"big": 1, "counter": 1}
+    stored = saver.put(cfg("s2"), first, {"source": "input", "step": -1}, {"big": 1, "counter": 1})
+    second = empty_checkpoint()
+    second["channel_values"] = {"big": "x" * 10_000, "counter": 2}
+    second["channel_versions"] = {"big": 1, "counter": 2}
+    saver.put(stored, second, {"source": "loop", "step": 0}, {"counter": 2})
+    assert saver.stats()["channel_values"] == 3
+    assert saver.get_tuple(cfg("s2")).checkpoint["channel_values"] == {"big": "x" * 10_000, "counter": 2}
+
+
+def test_s3_history_limit_keeps_the_newest_checkpoints(open_saver: Opener) -> None:
+    saver = open_saver(state_history_limit=3)
+    graph = build_agent(saver)
+    run_turns(graph, "limited", 2)
+    kept = list(saver.list(cfg("limited", checkpoint_ns="")))
+    assert len(kept) == 3
+    # messages still referenced are never pruned
+    assert len(graph.get_state(cfg("limited")).values["messages"]) == 2 * MESSAGES_PER_TURN
+    assert saver.stats()["messages"] == 2 * MESSAGES_PER_TURN
+    # pending writes of a pruned checkpoint went with it
+    assert saver.stats()["writes"] == sum(len(t.pending_writes or []) for t in kept)
+    # and pruning keeps only the channel values the kept checkpoints refer to
+    referenced = {(c, str(v)) for t in kept for c, v in t.checkpoint["channel_versions"].items()}
+    assert saver.stats()["channel_values"] == len(referenced)
+
+
+def test_s3_history_is_unlimited_by_default(saver: Any) -> None:
+    run_turns(build_agent(saver), "unlimited", 2)
+    assert len(list(saver.list(cfg("unlimited", checkpoint_ns="")))) == 2 * (MESSAGES_PER_TURN + 1)

@@ -1,0 +1,274 @@
+"""SPEC W1-W3: atomic steps, optimistic concurrency, user isolation, on every provider."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterator
+from typing import Annotated, Any, TypedDict
+
+import pytest
+from langchain_core.runnables import RunnableConfig, RunnableLambda
+from langgraph.graph import END, START, StateGraph
+from langgraph.types import Command, interrupt
+
+from tests.graphs import Driver, approval_graph
+from tests.providers import Opener
+from threadkeep import StaleStateError, StorageForbiddenError, operator_scope, user_scope
+from threadkeep.workload import build_agent, turn_input
+
+
+def cfg(thread_id: str, **extra: Any) -> RunnableConfig:
+    return {"configurable": {"thread_id": thread_id, **extra}}
+
+
+def checkpoint_ids(saver: Any, thread_id: str, **extra: Any) -> list[str]:
+    return [t.checkpoint["id"] for t in saver.list(cfg(thread_id, **extra))]
+
+
+# --- W1 -------------------------------------------------------------------------------------
+
+
+def test_w1_a_step_that_fails_mid_transaction_stores_nothing(
+    saver: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    graph = build_agent(saver)
+    graph.invoke(turn_input(0), cfg("atomic"))
+    before = dict(saver.stats())
+    head = saver.get_tuple(cfg("atomic"))
+    original = saver.backend.put
+
+    def put_then_fail(step: Any) -> Iterator[Any]:
+        yield from original(step)  # every row of the step is written ...
+        raise RuntimeError("the connection died before COMMIT")  # ... then the step fails
+
+    monkeypatch.setattr(saver.backend, "put", put_then_fail)
+    with pytest.raises(RuntimeError, match="before COMMIT"):
+        graph.invoke(turn_input(1), cfg("atomic"))
+    monkeypatch.undo()
+
+    after = saver.stats()
+    # pending writes are LangGraph's separate put_writes call; the step itself left nothing
+    for key in ("threads", "checkpoints", "channel_values", "messages"):
+        assert after[key] == before[key], key
+    assert saver.get_tuple(cfg("atomic")).checkpoint["id"] == head.checkpoint["id"]
+    assert saver.get_tuple(cfg("atomic")).checkpoint["channel_values"] == head.checkpoint["channel_values"]
+
+
+# --- W2 -------------------------------------------------------------------------------------
+
+
+class Race(TypedDict):
+    log: Annotated[list[str], lambda a, b: a + b]
+
+
+def racing_graph(saver: Any, barrier: Any, first_done: Any) -> Any:
+    """``approve`` pauses for a human; two runs then resume it at the same time.
+
+    Both resumed runs load the same head and meet at ``barrier`` before either writes; run
+    ``B`` then waits until run ``A`` has finished, so ``A`` always writes first.
+    """
+
+    def approve(state: Race, config: RunnableConfig) -> dict[str, Any]:
+        answer = interrupt("approve?")
+        barrier.wait(timeout=10)
+        if config["configurable"]["racer"] == "B":
+            first_done.wait(timeout=10)
+        return {"log": [f"{config['configurable']['racer']}:{answer}"]}
+
+    async def aapprove(state: Race, config: RunnableConfig) -> dict[str, Any]:
+        answer = interrupt("approve?")
+        await barrier.wait()
+        if config["configurable"]["racer"] == "B":
+            await first_done.wait()
+        return {"log": [f"{config['configurable']['racer']}:{answer}"]}
+
+    builder = StateGraph(Race)
+    builder.add_node("approve", RunnableLambda(approve, aapprove))
+    builder.add_node("ship", lambda state: {"log": ["shipped"]})
+    builder.add_edge(START, "approve")
+    builder.add_edge("approve", "ship")
+    builder.add_edge("ship", END)
+    return builder.compile(checkpointer=saver)
+
+
+def race_sync(saver: Any, thread_id: str) -> dict[str, Any]:
+    """Resume the paused thread from two threads at once, through the sync API."""
+    first_done = threading.Event()
+    graph = racing_graph(saver, threading.Barrier(2), first_done)
+    outcome: dict[str, Any] = {}
+
+    def run(racer: str) -> None:
+        try:
+            outcome[racer] = graph.invoke(Command(resume=racer.lower()), cfg(thread_id, racer=racer))
+        except Exception as exc:
+            outcome[racer] = exc
+        finally:
+            if racer == "A":
+                first_done.set()
+
+    threads = [threading.Thread(target=run, args=(racer,)) for racer in ("A", "B")]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    return outcome
+
+
+async def race_async(saver: Any, thread_id: str) -> dict[str, Any]:
+    """Resume the paused thread from two tasks at once, through the async API."""
+    first_done = asyncio.Event()
+    graph = racing_graph(saver, asyncio.Barrier(2), first_done)
+    outcome: dict[str, Any] = {}
+
+    async def run(racer: str) -> None:
+        try:
+            outcome[racer] = await graph.ainvoke(Command(resume=racer.lower()), cfg(thread_id, racer=racer))
+        except Exception as exc:
+            outcome[racer] = exc
+        finally:
+            if racer == "A":
+                first_done.set()
+
+    await asyncio.gather(run("A"), run("B"))
+    return outcome
+
+
+@pytest.mark.parametrize("api", ["sync", "async"])
+def test_w2_racing_runs_loser_gets_stale_state_error(saver: Any, api: str) -> None:
+    graph = racing_graph(saver, None, None)
+    graph.invoke({"log": []}, cfg("order-7", racer="setup"))
+    head = saver.get_tuple(cfg("order-7")).checkpoint["id"]
+    before = checkpoint_ids(saver, "order-7")
+
+    outcome = race_sync(saver, "order-7") if api == "sync" else asyncio.run(race_async(saver, "order-7"))
+
+    assert outcome["A"]["log"] == ["A:a", "shipped"]
+    error = outcome["B"]
+    assert isinstance(error, StaleStateError)
+    assert error.code == "STORAGE_CONFLICT_001"
+    assert error.thread_id == "order-7"
+    assert error.expected == head
+    assert error.current != head
+    # the loser stored nothing: only the winner's two checkpoints were added
+    after = checkpoint_ids(saver, "order-7")
+    assert len(after) == len(before) + 2
+    assert all(t.metadata.get("racer") != "B" for t in saver.list(cfg("order-7")))
+    # the thread is usable at once: the next run loads the true head
+    again = graph.invoke({"log": ["again"]}, cfg("order-7", racer="next"))
+    assert again["log"] == ["A:a", "shipped", "again"]
+    assert again["__interrupt__"][0].value == "approve?"
+
+
+def test_w2_put_from_a_stale_parent_is_refused_and_stores_nothing(saver: Any) -> None:
+    graph = approval_graph(saver)
+    graph.invoke({"request": "x", "answer": ""}, cfg("stale"))
+    history = list(saver.list(cfg("stale")))
+    head, older = history[0], history[1]
+    checkpoint = dict(head.checkpoint, id="9" + head.checkpoint["id"][1:])
+    with pytest.raises(StaleStateError) as refused:
+        saver.put(older.config, checkpoint, {"source": "loop", "step": 9}, {})
+    assert refused.value.expected == older.checkpoint["id"]
+    assert refused.value.current == head.checkpoint["id"]
+    assert refused.value.to_dict()["context"]["current_head"] == head.checkpoint["id"]
+    assert len(list(saver.list(cfg("stale")))) == len(history)
+
+
+def test_w2_forks_and_update_state_still_branch(saver: Any) -> None:
+    driver = Driver("sync")
+    graph = approval_graph(saver)
+    driver.invoke(graph, {"request": "a", "answer": ""}, cfg("branch"))
+    driver.invoke(graph, Command(resume="one"), cfg("branch"))
+    paused = next(s for s in driver.history(graph, cfg("branch")) if s.next == ("ask",))
+    # update_state on an older checkpoint, then a run from the new branch: no conflict
+    forked = driver.update_state(graph, paused.config, {"answer": "two"}, as_node="ask")
+    assert driver.invoke(graph, None, forked)["answer"] == "two!"
+    # time travel: replay from before the question, then answer it differently
+    start = next(s for s in driver.history(graph, cfg("branch")) if s.next == ("prepare",))
+    assert "__interrupt__" in driver.invoke(graph, None, start.config)
+    assert driver.invoke(graph, Command(resume="three"), cfg("branch"))["answer"] == "three!"
+
+
+# --- W3 -------------------------------------------------------------------------------------
+
+
+def test_w3_a_thread_belongs_to_its_first_writer(saver: Any) -> None:
+    graph = approval_graph(saver)
+    graph.invoke({"request": "a", "answer": ""}, cfg("t-alice", user_id="alice"))
+    assert saver.get_tuple(cfg("t-alice", user_id="alice")) is not None
+    with user_scope("alice"):
+        assert saver.get_tuple(cfg("t-alice")) is not None
+
+
+def test_w3_another_users_write_is_forbidden_and_stores_nothing(saver: Any) -> None:
+    graph = approval_graph(saver)
+    graph.invoke({"request": "a", "answer": ""}, cfg("t-owned", user_id="alice"))
+    before = dict(saver.stats())
+    with pytest.raises(StorageForbiddenError) as refused:
+        graph.invoke({"request": "b", "answer": ""}, cfg("t-owned", user_id="mallory"))
+    assert refused.value.code == "STORAGE_FORBIDDEN_001"
+    head = saver.get_tuple(cfg("t-owned", user_id="alice"))
+    with pytest.raises(StorageForbiddenError):
+        saver.put_writes(
+            {"configurable": {**head.config["configurable"], "user_id": "mallory"}}, [("x", 1)], "task"
+        )
+    assert dict(saver.stats()) == before
+
+
+def test_w3_another_users_reads_and_lists_see_nothing(saver: Any) -> None:
+    graph = approval_graph(saver)
+    graph.invoke({"request": "a", "answer": ""}, cfg("t-private", user_id="alice"))
+    graph.invoke({"request": "b", "answer": ""}, cfg("t-bob", user_id="bob"))
+    assert saver.get_tuple(cfg("t-private", user_id="bob")) is None
+    head_id = saver.get_tuple(cfg("t-private", user_id="alice")).checkpoint["id"]
+    assert saver.get_tuple(cfg("t-private", user_id="bob", checkpoint_id=head_id)) is None
+    assert list(saver.list(cfg("t-private", user_id="bob"))) == []
+    with user_scope("bob"):
+        threads = {t.config["configurable"]["thread_id"] for t in saver.list(None)}
+    assert threads == {"t-bob"}
+
+
+def test_w3_another_users_delete_and_copy_touch_nothing(saver: Any) -> None:
+    graph = approval_graph(saver)
+    graph.invoke({"request": "a", "answer": ""}, cfg("t-keep", user_id="alice"))
+    count = len(checkpoint_ids(saver, "t-keep", user_id="alice"))
+    with user_scope("bob"):
+        saver.delete_thread("t-keep")
+        saver.prune(["t-keep"], strategy="delete")
+        saver.delete_for_runs(["run-of-alice"])
+        saver.copy_thread("t-keep", "t-stolen")
+        assert list(saver.list(cfg("t-stolen"))) == []
+    assert len(checkpoint_ids(saver, "t-keep", user_id="alice")) == count
+    with user_scope("alice"):
+        assert list(saver.list(cfg("t-stolen"))) == []
+    # nor may bob copy his thread onto alice's
+    graph.invoke({"request": "b", "answer": ""}, cfg("t-bobs", user_id="bob"))
+    with user_scope("bob"), pytest.raises(StorageForbiddenError):
+        saver.copy_thread("t-bobs", "t-keep")
+
+
+def test_w3_no_user_id_means_anonymous(saver: Any) -> None:
+    graph = approval_graph(saver)
+    graph.invoke({"request": "a", "answer": ""}, cfg("t-anon"))
+    assert saver.get_tuple(cfg("t-anon", user_id="anonymous")) is not None
+    assert saver.get_tuple(cfg("t-anon", user_id="alice")) is None
+
+
+def test_w3_isolation_off_keys_threads_by_id_alone(open_saver: Opener) -> None:
+    saver = open_saver(enforce_user_isolation=False)
+    graph = approval_graph(saver)
+    graph.invoke({"request": "a", "answer": ""}, cfg("t-shared", user_id="alice"))
+    assert saver.get_tuple(cfg("t-shared", user_id="bob")) is not None
+    graph.invoke(Command(resume="ok"), cfg("t-shared", user_id="bob"))
+    assert saver.get_tuple(cfg("t-shared", user_id="alice")).checkpoint["channel_values"]["answer"] == "ok!"
+
+
+def test_w3_operator_scope_sees_every_thread(saver: Any) -> None:
+    graph = approval_graph(saver)
+    graph.invoke({"request": "a", "answer": ""}, cfg("t-a", user_id="alice"))
+    graph.invoke({"request": "b", "answer": ""}, cfg("t-b", user_id="bob"))
+    with operator_scope():
+        assert {t.config["configurable"]["thread_id"] for t in saver.list(None)} == {"t-a", "t-b"}
+        saver.delete_thread("t-a")
+    assert saver.get_tuple(cfg("t-a", user_id="alice")) is None
+    assert saver.get_tuple(cfg("t-b", user_id="bob")) is not None
