@@ -15,6 +15,7 @@ from typing import Any
 
 from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
 from langchain_core.messages import AIMessage, HumanMessage
+from langchain_core.runnables import RunnableConfig
 from langchain_core.tools import tool
 from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.graph import END, START, MessagesState, StateGraph
@@ -120,6 +121,6 @@ def run_turns(
     graph: CompiledStateGraph[Any, Any, Any, Any], thread_id: str, turns: int, *, first: int = 0
 ) -> None:
     """Run ``turns`` turns of the conversation on ``thread_id``."""
-    config = {"configurable": {"thread_id": thread_id}}
+    config: RunnableConfig = {"configurable": {"thread_id": thread_id}}
     for turn in range(first, first + turns):
-        graph.invoke(turn_input(turn), config)  # type: ignore[arg-type]
+        graph.invoke(turn_input(turn), config)
