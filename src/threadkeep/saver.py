@@ -28,6 +28,7 @@ from langgraph.checkpoint.serde.base import SerializerProtocol
 
 from threadkeep.codec.serde import build_serde, with_allowlist
 from threadkeep.core.identity import Actor, actor_for
+from threadkeep.core.messages import EncodingMemo
 from threadkeep.core.program import Engine, Program, ProgramFactory
 from threadkeep.core.records import (
     ListQuery,
@@ -124,6 +125,7 @@ class ThreadkeepSaver(BaseCheckpointSaver[str]):
         self.state_history_limit = state_history_limit
         self.clock = clock
         self._owned: list[Callable[[], None]] = [backend.engine.close]
+        self._memo = EncodingMemo()
 
     # running programs ---------------------------------------------------------------------
 
@@ -155,6 +157,7 @@ class ThreadkeepSaver(BaseCheckpointSaver[str]):
             isolate=self.enforce_user_isolation,
             history_limit=self.state_history_limit,
             now=self.clock(),
+            memo=self._memo,
         )
         return lambda: self.backend.put(step)
 
@@ -328,6 +331,7 @@ class ThreadkeepSaver(BaseCheckpointSaver[str]):
         """A shallow copy whose serializer also allows ``extra_allowlist`` classes on read."""
         clone = copy.copy(self)
         clone._owned = []  # the original closes what it opened
+        clone._memo = EncodingMemo()  # digests belong to one serializer
         clone.serde = with_allowlist(self.serde, extra_allowlist)
         return clone
 

@@ -85,6 +85,26 @@ def _reviver() -> Reviver:
     return Reviver(allowed_objects="core")
 
 
+@lru_cache(maxsize=256)
+def _lc_class(key: tuple[str, ...]) -> type[Serializable]:
+    """The class LangChain's loader would build for ``key``, with the loader's own checks.
+
+    The same decisions as ``Reviver.__call__`` (allowlist, trusted namespaces, import mapping,
+    a ``Serializable`` subclass), taken once per class instead of once per value.
+    """
+    reviver = _reviver()
+    allowed = reviver.allowed_class_paths
+    if (allowed is not None and key not in allowed) or key not in reviver.import_mappings:
+        raise _Refused(f"LangChain's loader does not revive {'.'.join(key)}")
+    *module_path, name = reviver.import_mappings[key]
+    if key[0] not in reviver.valid_namespaces or module_path[0] not in reviver.valid_namespaces:
+        raise _Refused(f"LangChain's loader does not trust the namespace of {'.'.join(key)}")
+    cls = getattr(importlib.import_module(".".join(module_path)), name)
+    if not (isinstance(cls, type) and issubclass(cls, Serializable)):
+        raise _Refused(f"{'.'.join(key)} is not a LangChain Serializable")
+    return cls
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class _LcSpec:
     """How one LangChain class is written: its loader id and its fields."""
@@ -105,10 +125,11 @@ def _lc_spec(cls: type[Serializable]) -> _LcSpec:
     if not cls.is_lc_serializable():
         raise _Refused(f"{cls.__module__}.{cls.__qualname__} is not LangChain-serializable")
     lc_id = list(cls.lc_id())
-    reviver = _reviver()
-    key = tuple(lc_id)
-    allowed = reviver.allowed_class_paths
-    if (allowed is not None and key not in allowed) or key not in reviver.import_mappings:
+    try:
+        revived = _lc_class(tuple(lc_id))
+    except _Refused:
+        revived = None
+    if revived is not cls:
         raise _Refused(
             f"LangChain's loader will not revive {cls.__module__}.{cls.__qualname__} "
             f"(id {'.'.join(lc_id)}); store a plain LangChain class or convert the value"
@@ -433,6 +454,17 @@ class FaithfulCodec:
             tree = orjson.loads(data)
         except orjson.JSONDecodeError as exc:
             raise CheckpointSerializationError(f"stored value is not JSON: {exc}") from exc
+        # An envelope key always appears as the token `"~` (a quote inside a string is
+        # escaped), so bytes without one hold plain JSON, and bytes with exactly one that is
+        # a LangChain envelope hold plain constructor kwargs: neither needs walking.
+        marks = data.count(b'"~') if isinstance(data, bytes) else data.count('"~')
+        if marks == 0:
+            return tree
+        if marks == 1 and type(tree) is dict and "~lc" in tree:
+            try:
+                return self._revive(tree["~lc"], walk=False)
+            except _Refused as refused:
+                raise refused.error() from None
         return self.from_json(tree)
 
     def from_json(self, tree: object) -> Any:
@@ -533,8 +565,20 @@ class FaithfulCodec:
         return instance
 
     def _dec_lc(self, payload: list[Any]) -> object:
+        return self._revive(payload, walk=True)
+
+    def _revive(self, payload: list[Any], *, walk: bool) -> object:
         lc_id, kwargs = payload
-        return _reviver()({"lc": 1, "type": "constructor", "id": lc_id, "kwargs": self._dec(kwargs)})
+        decoded = self._dec(kwargs) if walk else kwargs
+        key = tuple(lc_id)
+        cls = _lc_class(key)
+        validator = _reviver().init_validator
+        try:
+            if validator is not None:
+                validator(key, decoded)
+            return cls(**decoded)
+        except Exception as exc:
+            raise _Refused(f"cannot revive {'.'.join(key)}: {exc}") from exc
 
     def _dec_exc(self, record: dict[str, Any]) -> CheckpointedException:
         cause = record.get("cause")

@@ -16,8 +16,10 @@ which lets a writer find the new links of a list by probing from its tail.
 from __future__ import annotations
 
 import hashlib
+import marshal
+import threading
+from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any, Final
 
 from langchain_core.messages import BaseMessage
@@ -25,7 +27,15 @@ from langgraph.checkpoint.serde.base import SerializerProtocol
 
 from threadkeep.errors import CheckpointSerializationError
 
-__all__ = ["CHAIN_TYPE", "MessageChain", "build_chain", "chain_ref", "is_message_list", "parse_chain_ref"]
+__all__ = [
+    "CHAIN_TYPE",
+    "EncodingMemo",
+    "MessageChain",
+    "build_chain",
+    "chain_ref",
+    "is_message_list",
+    "parse_chain_ref",
+]
 
 CHAIN_TYPE: Final = "chain"
 _HASH_BYTES: Final = 16
@@ -44,15 +54,106 @@ def _link(prev: bytes | None, digest: bytes) -> bytes:
     return hashlib.blake2b((prev or b"") + digest, digest_size=_HASH_BYTES).digest()
 
 
-@dataclass(frozen=True, slots=True)
-class MessageChain:
-    """One message list, encoded: per position its link node, message digest and payload."""
+def _fingerprint(message: Any) -> int | None:
+    """A type-exact summary of a message's fields, or ``None`` when it cannot be taken.
 
-    channel: str
-    version: str
-    nodes: tuple[bytes, ...]
-    digests: tuple[bytes, ...]
-    payloads: tuple[tuple[str, bytes], ...]
+    ``marshal`` renders builtin values exactly (a tuple is not a list, ``-0.0`` is not
+    ``0.0``) and refuses everything else, so a message holding other types is never memoized.
+    """
+    try:
+        return hash(marshal.dumps((message.__dict__, message.__pydantic_extra__)))
+    except (ValueError, AttributeError):
+        return None
+
+
+_Entry = tuple[object, int, bytes]  # (the message object, its fingerprint, its digest)
+
+
+class EncodingMemo:
+    """Remembers, per message list, the digests of the message objects last put.
+
+    Consecutive puts of a run re-send every message of the thread, mostly the very same
+    objects; encoding them all again would be most of a put's cost. For each (thread,
+    namespace, channel) the memo keeps the last put's objects and digests; an object seen
+    there whose fields are unchanged (same type-exact fingerprint) keeps its digest. Only
+    the ``lists`` most recently put lists are kept, so memory stays bounded.
+
+    A memo belongs to one serializer: digests depend on the encoding.
+    """
+
+    def __init__(self, lists: int = 128) -> None:
+        self.lists = lists
+        self._lists: OrderedDict[tuple[str, ...], dict[int, _Entry]] = OrderedDict()
+        self._guard = threading.Lock()
+
+    def previous(self, key: tuple[str, ...]) -> dict[int, _Entry]:
+        """What the last put of list ``key`` encoded."""
+        with self._guard:
+            return self._lists.get(key, {})
+
+    def keep(self, key: tuple[str, ...], entries: dict[int, _Entry]) -> None:
+        """Remember what this put of list ``key`` encoded, forgetting the oldest lists."""
+        with self._guard:
+            self._lists[key] = entries
+            self._lists.move_to_end(key)
+            while len(self._lists) > self.lists:
+                self._lists.popitem(last=False)
+
+
+class MessageChain:
+    """One message list, encoded: per position its link node and message digest.
+
+    Payloads of messages encoded for this put are kept; a memoized message is encoded again
+    only if the store turns out not to hold it (:meth:`payload`).
+    """
+
+    __slots__ = ("_messages", "_payloads", "_serde", "channel", "digests", "nodes", "version")
+
+    def __init__(
+        self,
+        channel: str,
+        version: str,
+        messages: Sequence[Any],
+        serde: SerializerProtocol,
+        *,
+        memo: EncodingMemo | None = None,
+        memo_key: tuple[str, ...] = (),
+    ) -> None:
+        self.channel = channel
+        self.version = version
+        self._messages = tuple(messages)
+        self._serde = serde
+        self._payloads: dict[int, tuple[str, bytes]] = {}
+        previous = memo.previous(memo_key) if memo is not None else {}
+        current: dict[int, _Entry] = {}
+        nodes: list[bytes] = []
+        digests: list[bytes] = []
+        prev: bytes | None = None
+        for position, message in enumerate(self._messages):
+            fingerprint = _fingerprint(message)
+            entry = previous.get(id(message))
+            unchanged = fingerprint is not None and entry is not None and entry[1] == fingerprint
+            if unchanged and entry is not None and entry[0] is message:
+                digest = entry[2]
+            else:
+                kind, payload = self._encode(position)
+                digest = _digest(kind, payload)
+                self._payloads[position] = (kind, payload)
+            if fingerprint is not None:
+                current[id(message)] = (message, fingerprint, digest)
+            prev = _link(prev, digest)
+            nodes.append(prev)
+            digests.append(digest)
+        if memo is not None:
+            memo.keep(memo_key, current)
+        self.nodes = tuple(nodes)
+        self.digests = tuple(digests)
+
+    def _encode(self, position: int) -> tuple[str, bytes]:
+        try:
+            return self._serde.dumps_typed(self._messages[position])
+        except CheckpointSerializationError as error:
+            raise error.under(f"[{position}]") from None
 
     @property
     def tail(self) -> bytes:
@@ -62,30 +163,28 @@ class MessageChain:
         """The node before ``position``, ``None`` for the first."""
         return self.nodes[position - 1] if position else None
 
+    def payload(self, position: int) -> tuple[str, bytes]:
+        """The stored form of the message at ``position``."""
+        if position not in self._payloads:
+            self._payloads[position] = self._encode(position)
+        return self._payloads[position]
+
 
 def build_chain(
-    channel: str, version: str, messages: Sequence[Any], serde: SerializerProtocol
+    channel: str,
+    version: str,
+    messages: Sequence[Any],
+    serde: SerializerProtocol,
+    *,
+    memo: EncodingMemo | None = None,
+    memo_key: tuple[str, ...] = (),
 ) -> MessageChain:
-    """Encode ``messages`` and link them into a chain.
+    """Encode ``messages`` (reusing what ``memo`` remembers of list ``memo_key``) as a chain.
 
     Raises:
         CheckpointSerializationError: a message cannot be stored; the path names its index.
     """
-    nodes: list[bytes] = []
-    digests: list[bytes] = []
-    payloads: list[tuple[str, bytes]] = []
-    prev: bytes | None = None
-    for position, message in enumerate(messages):
-        try:
-            kind, payload = serde.dumps_typed(message)
-        except CheckpointSerializationError as error:
-            raise error.under(f"[{position}]") from None
-        digest = _digest(kind, payload)
-        prev = _link(prev, digest)
-        nodes.append(prev)
-        digests.append(digest)
-        payloads.append((kind, payload))
-    return MessageChain(channel, version, tuple(nodes), tuple(digests), tuple(payloads))
+    return MessageChain(channel, version, messages, serde, memo=memo, memo_key=memo_key)
 
 
 def chain_ref(chain: MessageChain) -> bytes:

@@ -24,7 +24,14 @@ from langgraph.checkpoint.serde.base import SerializerProtocol
 
 from threadkeep.codec.faithful import FaithfulCodec
 from threadkeep.core.identity import Actor, actor_for
-from threadkeep.core.messages import CHAIN_TYPE, MessageChain, build_chain, chain_ref, is_message_list
+from threadkeep.core.messages import (
+    CHAIN_TYPE,
+    EncodingMemo,
+    MessageChain,
+    build_chain,
+    chain_ref,
+    is_message_list,
+)
 from threadkeep.core.rules import BRANCH_KEY
 from threadkeep.errors import CheckpointSerializationError
 
@@ -149,6 +156,7 @@ def prepare_put(
     isolate: bool,
     history_limit: int | None,
     now: float,
+    memo: EncodingMemo | None = None,
 ) -> PutStep:
     """Encode a ``put``: the changed channels, their message chains, the checkpoint."""
     target = target_of(config, isolate=isolate)
@@ -165,7 +173,8 @@ def prepare_put(
         value = values[channel]
         if is_message_list(value):
             try:
-                chain = build_chain(channel, key, value, serde)
+                memo_key = (target.thread_id, target.checkpoint_ns, channel)
+                chain = build_chain(channel, key, value, serde, memo=memo, memo_key=memo_key)
             except CheckpointSerializationError as error:
                 raise error.under(path) from None
             chains.append(chain)

@@ -178,13 +178,9 @@ def _store_chain(q: SqlDialect, tid: int, chain: MessageChain) -> Program[None]:
     yield SqlMany(
         q.INSERT_MESSAGE,
         [
-            {
-                "tid": tid,
-                "digest": chain.digests[i],
-                "type": chain.payloads[i][0],
-                "value": chain.payloads[i][1],
-            }
+            {"tid": tid, "digest": chain.digests[i], "type": kind, "value": payload}
             for i in fresh
+            for kind, payload in (chain.payload(i),)
         ],
     )
     yield SqlMany(
@@ -342,7 +338,8 @@ def _load_chain(
         raise CheckpointSerializationError(
             f"message history is incomplete: {len(rows)} of {count} messages are stored", path=path
         )
-    return [decode_value(serde, kind, payload, f"{path}[{i}]") for i, (kind, payload) in enumerate(rows)]
+    rows.sort(key=lambda row: -row[0])
+    return [decode_value(serde, kind, payload, f"{path}[{i}]") for i, (_, kind, payload) in enumerate(rows)]
 
 
 def list_page(

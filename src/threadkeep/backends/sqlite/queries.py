@@ -119,6 +119,7 @@ ORDER BY task_path, task_id, idx
 """
 
 # Walks a message chain from its tail; depth 0 is the last message. :count bounds the walk.
+# Rows come back in any order; the program orders them by depth (cheaper than a SQL sort).
 SELECT_CHAIN = """
 WITH RECURSIVE walk (depth, prev, digest) AS (
     SELECT 0, prev, digest FROM tk_message_links WHERE tid = :tid AND node = :tail
@@ -127,9 +128,8 @@ WITH RECURSIVE walk (depth, prev, digest) AS (
     FROM walk JOIN tk_message_links AS link ON link.tid = :tid AND link.node = walk.prev
     WHERE walk.depth + 1 < :count
 )
-SELECT message.type, message.value
+SELECT walk.depth, message.type, message.value
 FROM walk JOIN tk_messages AS message ON message.tid = :tid AND message.digest = walk.digest
-ORDER BY walk.depth DESC
 """
 
 _LIST_COLUMNS = """

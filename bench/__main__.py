@@ -1,0 +1,28 @@
+"""``python -m bench [conversation] [--runs N] [--turns 5,10,20,40] [--json PATH]``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from bench import conversation
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="./dev bench")
+    parser.add_argument("suite", nargs="?", default="conversation", choices=["conversation"])
+    parser.add_argument("--runs", type=int, default=3, help="runs per measurement; the median is kept")
+    parser.add_argument("--turns", default="5,10,20,40", help="conversation lengths K to measure")
+    parser.add_argument("--json", type=Path, help="also write the raw results here")
+    args = parser.parse_args(argv)
+    turns = tuple(int(k) for k in args.turns.split(","))
+    results = conversation.main(runs=args.runs, turns=turns)
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
