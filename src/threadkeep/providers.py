@@ -15,10 +15,18 @@ from langgraph.checkpoint.serde.base import SerializerProtocol
 
 from threadkeep.codec.serde import build_serde
 from threadkeep.errors import ConfigurationError
-from threadkeep.saver import ProviderFacts, ThreadkeepSaver
+from threadkeep.saver import Backend, ProviderFacts, ThreadkeepSaver
 from threadkeep.settings import PROVIDERS, Settings
 
-__all__ = ["FACTS", "SaverOptions", "facts_of", "open_checkpointer", "register_provider"]
+__all__ = [
+    "FACTS",
+    "SaverOptions",
+    "facts_of",
+    "open_checkpointer",
+    "register_provider",
+    "registration",
+    "saver_kwargs",
+]
 
 FACTS: Mapping[str, ProviderFacts] = {
     "memory": ProviderFacts("memory", survives_restart=False, expiry="process", holds_parked_runs=False),
@@ -52,14 +60,47 @@ class SaverOptions:
 
 _COMMON = frozenset({"serde", "enforce_user_isolation", "state_history_limit", "clock"})
 Builder = Callable[[Settings, SaverOptions], ThreadkeepSaver]
-_BUILDERS: dict[str, tuple[Builder, frozenset[str]]] = {}
+AdminOpener = Callable[[Settings], Backend]
 
 
-def register_provider(name: str, builder: Builder, options: frozenset[str] = frozenset()) -> None:
-    """Register the builder of provider ``name`` and the backend options it accepts."""
+@dataclass(frozen=True, slots=True)
+class _Registration:
+    build: Builder
+    options: frozenset[str]
+    admin: AdminOpener
+
+
+_BUILDERS: dict[str, _Registration] = {}
+
+
+def register_provider(
+    name: str, builder: Builder, admin: AdminOpener, options: frozenset[str] = frozenset()
+) -> None:
+    """Register provider ``name``.
+
+    Args:
+        name: One of the provider names settings accept.
+        builder: Builds a saver (format gate and migrations included).
+        admin: Opens the store without the format gate, for ``threadkeep store``.
+        options: The provider-specific options ``open_checkpointer`` accepts.
+    """
     if name not in PROVIDERS:
         raise ValueError(f"unknown provider {name!r}")
-    _BUILDERS[name] = (builder, options)
+    _BUILDERS[name] = _Registration(builder, options, admin)
+
+
+def registration(provider: str) -> _Registration:
+    """The registration of ``provider``, importing its backend on first use."""
+    facts_of(provider)
+    if provider not in _BUILDERS:
+        _load_builtin_builders()
+    entry = _BUILDERS.get(provider)
+    if entry is None:
+        raise ConfigurationError(
+            f"the {provider} provider is not part of this threadkeep build",
+            context={"provider": provider},
+        )
+    return entry
 
 
 def facts_of(provider: str) -> ProviderFacts:
@@ -102,25 +143,17 @@ def open_checkpointer(
         base = base.with_values(provider=provider, conn_string=conn_string)
     elif conn_string is not None:
         base = base.with_values(conn_string=conn_string)
-    if base.provider not in _BUILDERS:
-        _load_builtin_builders()
-    entry = _BUILDERS.get(base.provider)
-    if entry is None:
-        raise ConfigurationError(
-            f"the {base.provider} provider is not part of this threadkeep build",
-            context={"provider": base.provider},
-        )
-    builder, backend_options = entry
-    unknown = sorted(set(options) - _COMMON - backend_options)
+    entry = registration(base.provider)
+    unknown = sorted(set(options) - _COMMON - entry.options)
     if unknown:
         raise ConfigurationError(
             f"unknown option(s) {', '.join(unknown)} for the {base.provider} provider; accepted: "
-            f"{', '.join(sorted(_COMMON | backend_options))}",
+            f"{', '.join(sorted(_COMMON | entry.options))}",
             context={"options": unknown},
         )
     common = {k: v for k, v in options.items() if k in _COMMON}
-    backend = {k: v for k, v in options.items() if k in backend_options}
-    return builder(base, SaverOptions(**common, backend=backend))
+    backend = {k: v for k, v in options.items() if k in entry.options}
+    return entry.build(base, SaverOptions(**common, backend=backend))
 
 
 def saver_kwargs(settings: Settings, options: SaverOptions) -> dict[str, Any]:

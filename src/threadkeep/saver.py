@@ -86,7 +86,9 @@ class Backend(Protocol):
 
     def prune(self, thread_ids: Sequence[str], strategy: str, owner: str | None) -> Program[None]: ...
 
-    def stats(self) -> dict[str, Any]: ...
+    def stats(self, thread_id: str | None = None) -> dict[str, Any]: ...
+
+    def location(self) -> str: ...
 
     def check(self) -> None: ...
 
@@ -337,9 +339,13 @@ class ThreadkeepSaver(BaseCheckpointSaver[str]):
 
     # lifecycle ------------------------------------------------------------------------------
 
-    def stats(self) -> Mapping[str, Any]:
-        """Counts of what the store holds (threads, checkpoints, messages)."""
-        return self.backend.stats()
+    def stats(self, thread_id: str | None = None) -> Mapping[str, Any]:
+        """What the store (or one thread, whoever owns it) holds.
+
+        Keys: ``threads``, ``checkpoints``, ``channel_values``, ``writes``, ``messages``
+        (rows), and ``payload_bytes`` (the bytes of every stored value and structure).
+        """
+        return self.backend.stats(thread_id)
 
     def close(self) -> None:
         """Release what this saver opened; never a pool or client it was given."""

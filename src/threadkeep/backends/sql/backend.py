@@ -113,10 +113,14 @@ class SqlBackend:
     def prune(self, thread_ids: Iterable[str], strategy: str, owner: str | None) -> Program[None]:
         return programs.prune(self.dialect, thread_ids, strategy, owner)
 
-    def stats(self) -> dict[str, Any]:
-        """Counts of what the store holds."""
+    def stats(self, thread_id: str | None = None) -> dict[str, Any]:
+        """Counts of what the store (or one thread) holds, and its payload bytes."""
         q = self.dialect
-        return self.engine.run(lambda: programs.stats(q))
+        return self.engine.run(lambda: programs.stats(q, thread_id))
+
+    def location(self) -> str:
+        """Where the store is, for people (no secrets)."""
+        return str(getattr(self.engine, "location", self.dialect.NAME))
 
     def check(self) -> None:
         """Raise :class:`~threadkeep.errors.CheckpointStoreFormatError` if the gate refuses."""

@@ -530,7 +530,12 @@ def reset(q: SqlDialect) -> Program[None]:
 STAT_NAMES = ("threads", "checkpoints", "channel_values", "writes", "messages", "payload_bytes")
 
 
-def stats(q: SqlDialect) -> Program[dict[str, int]]:
-    """What the store holds: counts of rows, and the bytes of their stored payloads."""
-    (row,) = yield Sql(q.STATS, {})
+def stats(q: SqlDialect, thread_id: str | None = None) -> Program[dict[str, int]]:
+    """What the store (or one thread) holds: counts of rows, and their payload bytes."""
+    tid = None
+    if thread_id is not None:
+        tid = yield from _thread_tid(q, thread_id, None)
+        if tid is None:
+            return dict.fromkeys(STAT_NAMES, 0)
+    (row,) = yield Sql(q.STATS, {"tid": tid})
     return dict(zip(STAT_NAMES, map(int, row), strict=True))

@@ -19,15 +19,20 @@ _MIGRATIONS = load_migrations(__name__)
 _OPTIONS = frozenset({"synchronous", "busy_timeout_ms", "max_connections"})
 
 
-def open_sqlite_backend(path: str, **engine_options: object) -> SqlBackend:
-    """Open (and migrate) the SQLite store at ``path``; ``":memory:"`` for a private one."""
+def open_sqlite_backend(path: str, *, gate: bool = True, **engine_options: object) -> SqlBackend:
+    """Open the SQLite store at ``path`` (``":memory:"`` for a private one).
+
+    With ``gate`` (the default) the format gate runs and the schema is migrated; without it
+    the store is opened as it is, for ``threadkeep store check`` and ``reset``.
+    """
     engine = SqliteEngine(path, **engine_options)  # type: ignore[arg-type]
     backend = SqlBackend(engine, queries, _MIGRATIONS)
-    try:
-        backend.open()
-    except BaseException:
-        engine.close()
-        raise
+    if gate:
+        try:
+            backend.open()
+        except BaseException:
+            engine.close()
+            raise
     return backend
 
 
@@ -41,5 +46,13 @@ def build_memory(settings: Settings, options: SaverOptions) -> ThreadkeepSaver:
     return ThreadkeepSaver(backend, FACTS["memory"], **saver_kwargs(settings, options))
 
 
-register_provider("sqlite", build_sqlite, _OPTIONS)
-register_provider("memory", build_memory, _OPTIONS)
+def _sqlite_admin(settings: Settings) -> SqlBackend:
+    return open_sqlite_backend(settings.sqlite_path(), gate=False)
+
+
+def _memory_admin(settings: Settings) -> SqlBackend:
+    return open_sqlite_backend(MEMORY, gate=False)
+
+
+register_provider("sqlite", build_sqlite, _sqlite_admin, _OPTIONS)
+register_provider("memory", build_memory, _memory_admin, _OPTIONS)

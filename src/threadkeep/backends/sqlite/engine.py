@@ -59,7 +59,14 @@ class SqliteEngine:
         self._guard = threading.Lock()
         self._closed = False
         if not self.memory:
-            Path(path).expanduser().parent.mkdir(parents=True, exist_ok=True)
+            folder = Path(path).expanduser().parent
+            try:
+                folder.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise StorageError(
+                    f"cannot create the folder {folder} for the sqlite store: {exc}; "
+                    "set LLM_PROVIDER_CHECKPOINT_CONN_STRING to a writable path"
+                ) from exc
         self._idle.append(self._connect())
 
     @property

@@ -283,18 +283,21 @@ RESET: tuple[str, ...] = (
     "DROP TABLE IF EXISTS writes",
 )
 
+# What the store holds; :tid restricts it to one thread (NULL: the whole store). A message
+# link counts 48 bytes: its node, previous node and digest.
 STATS = """
 SELECT
-    (SELECT count(*) FROM tk_threads),
-    (SELECT count(*) FROM tk_checkpoints),
-    (SELECT count(*) FROM tk_blobs),
-    (SELECT count(*) FROM tk_writes),
-    (SELECT count(*) FROM tk_messages),
-    (SELECT coalesce(sum(length(checkpoint) + length(metadata)), 0) FROM tk_checkpoints)
-    + (SELECT coalesce(sum(length(value)), 0) FROM tk_blobs)
-    + (SELECT coalesce(sum(length(value)), 0) FROM tk_writes)
-    + (SELECT coalesce(sum(length(value)), 0) FROM tk_messages)
-    + (SELECT count(*) * 48 FROM tk_message_links)
+    (SELECT count(*) FROM tk_threads WHERE :tid IS NULL OR tid = :tid),
+    (SELECT count(*) FROM tk_checkpoints WHERE :tid IS NULL OR tid = :tid),
+    (SELECT count(*) FROM tk_blobs WHERE :tid IS NULL OR tid = :tid),
+    (SELECT count(*) FROM tk_writes WHERE :tid IS NULL OR tid = :tid),
+    (SELECT count(*) FROM tk_messages WHERE :tid IS NULL OR tid = :tid),
+    (SELECT coalesce(sum(length(checkpoint) + length(metadata)), 0) FROM tk_checkpoints
+     WHERE :tid IS NULL OR tid = :tid)
+    + (SELECT coalesce(sum(length(value)), 0) FROM tk_blobs WHERE :tid IS NULL OR tid = :tid)
+    + (SELECT coalesce(sum(length(value)), 0) FROM tk_writes WHERE :tid IS NULL OR tid = :tid)
+    + (SELECT coalesce(sum(length(value)), 0) FROM tk_messages WHERE :tid IS NULL OR tid = :tid)
+    + (SELECT count(*) * 48 FROM tk_message_links WHERE :tid IS NULL OR tid = :tid)
 """
 
 

@@ -1,0 +1,72 @@
+"""The public surface is small and deliberate: a change to it is a change to this test."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import threadkeep
+from threadkeep.settings import VARIABLES
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_public_names_are_pinned() -> None:
+    assert sorted(threadkeep.__all__) == [
+        "ANONYMOUS",
+        "CheckpointDeleteError",
+        "CheckpointSerializationError",
+        "CheckpointStoreFormatError",
+        "CheckpointedException",
+        "ConfigurationError",
+        "FaithfulCodec",
+        "MissingExtraError",
+        "ProviderFacts",
+        "Settings",
+        "StaleStateError",
+        "StorageError",
+        "StorageForbiddenError",
+        "ThreadRetentionError",
+        "ThreadkeepError",
+        "ThreadkeepSaver",
+        "facts_of",
+        "open_checkpointer",
+        "operator_scope",
+        "user_scope",
+    ]
+    for name in threadkeep.__all__:
+        assert hasattr(threadkeep, name), name
+
+
+def test_w5_every_error_has_a_stable_code_and_a_dict() -> None:
+    errors = [getattr(threadkeep, n) for n in threadkeep.__all__ if n.endswith("Error")]
+    codes = {e.default_code for e in errors}
+    assert len(codes) == len(errors)
+    for error in errors:
+        assert issubclass(error, threadkeep.ThreadkeepError)
+        assert error.kind in {"conflict", "forbidden", "unavailable", "invalid"}
+    stale = threadkeep.StaleStateError("t", "", "a", "b")
+    assert stale.to_dict() == {
+        "error": "StaleStateError",
+        "code": "STORAGE_CONFLICT_001",
+        "message": stale.message,
+        "context": {"thread_id": "t", "checkpoint_ns": "", "expected_head": "a", "current_head": "b"},
+    }
+
+
+def test_p4_facts_are_queryable_in_code() -> None:
+    assert threadkeep.facts_of("memory").survives_restart is False
+    assert threadkeep.facts_of("sqlite").survives_restart is True
+    assert threadkeep.facts_of("redis").expiry == "ttl"
+    assert threadkeep.facts_of("memory").expiry == "process"
+    assert {p for p in ("postgres", "redis", "tiered") if threadkeep.facts_of(p).holds_parked_runs} == {
+        "postgres",
+        "redis",
+        "tiered",
+    }
+    assert not threadkeep.facts_of("sqlite").holds_parked_runs
+
+
+def test_docs_list_every_setting() -> None:
+    documented = set(re.findall(r"`([A-Z_]+)`", (ROOT / "docs" / "settings.md").read_text()))
+    assert set(VARIABLES) <= documented
