@@ -6,6 +6,7 @@ reader's copy of the same table. A refusal names the variable and the value it s
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
@@ -76,6 +77,11 @@ class Settings:
     redis_url: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
+        _check_type("enforce_user_isolation", self.enforce_user_isolation, bool)
+        _check_type("retry_backoff_seconds", self.retry_backoff_seconds, (int, float))
+        for name in ("conn_string", "cache_url", "database_url", "redis_url"):
+            if getattr(self, name) is not None:
+                _check_type(name, getattr(self, name), str)
         _check_choice("provider", self.provider, PROVIDERS)
         _check_choice("codec", self.codec, CODECS)
         for name in ("retention_waiting_minutes", "retention_finished_minutes", "retry_attempts"):
@@ -84,9 +90,10 @@ class Settings:
             value = getattr(self, name)
             if value is not None:
                 _check_positive(name, value)
-        if self.retry_backoff_seconds < 0:
+        if not math.isfinite(self.retry_backoff_seconds) or self.retry_backoff_seconds < 0:
             raise ConfigurationError(
-                f"{_variable('retry_backoff_seconds')}={self.retry_backoff_seconds!r} must not be negative",
+                f"{_variable('retry_backoff_seconds')}={self.retry_backoff_seconds!r} must be a "
+                "finite number of seconds, zero or more",
                 context={"variable": _variable("retry_backoff_seconds")},
             )
         if self.retention_finished_minutes > self.retention_waiting_minutes:
@@ -152,6 +159,14 @@ def _variable(name: str) -> str:
         if field_name == name:
             return variable
     return name  # pragma: no cover - every field has a variable
+
+
+def _check_type(name: str, value: object, kinds: type | tuple[type, ...]) -> None:
+    if not isinstance(value, kinds) or (kinds is not bool and isinstance(value, bool)):
+        raise ConfigurationError(
+            f"{_variable(name)}={value!r} has the wrong type",
+            context={"variable": _variable(name), "value": repr(value)},
+        )
 
 
 def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:

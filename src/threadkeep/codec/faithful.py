@@ -18,6 +18,7 @@ import base64
 import dataclasses
 import enum
 import importlib
+import inspect
 import math
 import sys
 import uuid
@@ -234,10 +235,74 @@ def _decode_tz(payload: object) -> tzinfo | None:
                 return ZoneInfo(body)
             except (ZoneInfoNotFoundError, ValueError) as exc:
                 raise _Refused(f"zone {body!r} is not in this host's zone database") from exc
-        if kind == "~timezone" and isinstance(body, list) and len(body) == 2:
+        if (
+            kind == "~timezone"
+            and type(body) is list
+            and len(body) == 2
+            and type(body[0]) in (int, float)
+            and (body[1] is None or type(body[1]) is str)
+        ):
             offset = timedelta(seconds=body[0])
             return timezone(offset) if body[1] is None else timezone(offset, body[1])
     raise _Refused(f"unreadable tzinfo envelope {payload!r}")
+
+
+def _unencodable_text(tree: object, path: str = "") -> str | None:
+    """The path of the first string in ``tree`` that UTF-8 cannot encode, if any."""
+    items: list[tuple[str, object]]
+    if isinstance(tree, str):
+        try:
+            tree.encode()
+        except UnicodeEncodeError:
+            return path
+        return None
+    if isinstance(tree, list):
+        items = [(f"{path}[{i}]", item) for i, item in enumerate(tree)]
+    elif isinstance(tree, dict):
+        items = []
+        for key, item in tree.items():
+            here = _join([path, _key_segment(key)]) if path else _key_segment(key)
+            if _unencodable_text(key) is not None:
+                return here
+            items.append((here, item))
+    else:
+        return None
+    for here, item in items:
+        found = _unencodable_text(item, here)
+        if found is not None:
+            return found
+    return None
+
+
+def _text(payload: object) -> str:
+    if type(payload) is not str:
+        raise _Refused(f"malformed envelope: expected text, found {type(payload).__name__}")
+    return payload
+
+
+def _seq(payload: object) -> list[Any]:
+    if type(payload) is not list:
+        raise _Refused(f"malformed envelope: expected a list, found {type(payload).__name__}")
+    return payload
+
+
+def _fields(payload: object, *kinds: type) -> list[Any]:
+    """``payload`` as a list of exactly ``kinds`` (``object`` admits anything)."""
+    items = _seq(payload)
+    if len(items) != len(kinds) or not all(
+        kind is object or (type(item) is kind) for item, kind in zip(items, kinds, strict=False)
+    ):
+        names = ", ".join(k.__name__ for k in kinds)
+        raise _Refused(f"malformed envelope: expected [{names}], found {items!r:.80}")
+    return items
+
+
+def _dec_clock(kind: type[datetime] | type[time], payload: object) -> datetime | time:
+    wall, tz, fold = _fields(payload, str, object, int)
+    value = kind.fromisoformat(wall)
+    if value.tzinfo is not None or fold not in (0, 1):
+        raise _Refused(f"malformed {kind.__name__} envelope {payload!r:.80}")
+    return value.replace(tzinfo=_decode_tz(tz), fold=fold)
 
 
 class FaithfulCodec:
@@ -267,25 +332,25 @@ class FaithfulCodec:
             Decimal: lambda v: {"~decimal": str(v)},
             uuid.UUID: lambda v: {"~uuid": v.hex},
             Send: lambda v: {"~send": [v.node, self._enc(v.arg)]},
-            CheckpointedException: lambda v: {"~exc": self._exc_record(v, set())},
+            CheckpointedException: lambda v: {"~exc": self._exc_record(v)},
         }
         self._decoders: dict[str, Callable[[Any], object]] = {
-            "~dict": lambda p: {self._dec(k): self._dec(v) for k, v in p},
-            "~int": int,
-            "~tuple": lambda p: tuple(self._dec_list(p)),
-            "~set": lambda p: set(self._dec_list(p)),
-            "~frozenset": lambda p: frozenset(self._dec_list(p)),
-            "~bytes": lambda p: base64.b64decode(p, validate=True),
-            "~bytearray": lambda p: bytearray(base64.b64decode(p, validate=True)),
-            "~datetime": lambda p: datetime.fromisoformat(p[0]).replace(tzinfo=_decode_tz(p[1]), fold=p[2]),
-            "~date": date.fromisoformat,
-            "~time": lambda p: time.fromisoformat(p[0]).replace(tzinfo=_decode_tz(p[1]), fold=p[2]),
-            "~timedelta": lambda p: timedelta(days=p[0], seconds=p[1], microseconds=p[2]),
+            "~dict": self._dec_pairs,
+            "~int": lambda p: int(_text(p)),
+            "~tuple": lambda p: tuple(self._dec_list(_seq(p))),
+            "~set": lambda p: set(self._dec_list(_seq(p))),
+            "~frozenset": lambda p: frozenset(self._dec_list(_seq(p))),
+            "~bytes": lambda p: base64.b64decode(_text(p), validate=True),
+            "~bytearray": lambda p: bytearray(base64.b64decode(_text(p), validate=True)),
+            "~datetime": lambda p: _dec_clock(datetime, p),
+            "~date": lambda p: date.fromisoformat(_text(p)),
+            "~time": lambda p: _dec_clock(time, p),
+            "~timedelta": lambda p: timedelta(*_fields(p, int, int, int)),
             "~timezone": lambda p: _decode_tz({"~timezone": p}),
             "~zoneinfo": lambda p: _decode_tz({"~zoneinfo": p}),
-            "~decimal": Decimal,
-            "~uuid": uuid.UUID,
-            "~send": lambda p: Send(p[0], self._dec(p[1])),
+            "~decimal": lambda p: Decimal(_text(p)),
+            "~uuid": lambda p: uuid.UUID(_text(p)),
+            "~send": lambda p: Send(_fields(p, str, object)[0], self._dec(p[1])),
             "~enum": self._dec_enum,
             "~dataclass": self._dec_dataclass,
             "~model": self._dec_model,
@@ -306,7 +371,17 @@ class FaithfulCodec:
             CheckpointSerializationError: the value, or something inside it, cannot be
                 stored faithfully; the error's ``path`` says where.
         """
-        return orjson.dumps(self.to_json(value))
+        tree = self.to_json(value)
+        try:
+            return orjson.dumps(tree)
+        except orjson.JSONEncodeError as exc:
+            path = _unencodable_text(tree)
+            if path is not None:
+                raise CheckpointSerializationError(
+                    "text holds a lone surrogate, which UTF-8 cannot store; clean it up first",
+                    path=path,
+                ) from None
+            raise CheckpointSerializationError(f"value cannot be written as JSON: {exc}") from None
 
     def to_json(self, value: object) -> object:
         """The JSON-native structure :meth:`encode` would write."""
@@ -371,7 +446,7 @@ class FaithfulCodec:
             module, qualname = _importable(kind)
             return {"~enum": [module, qualname, self._enc(value.value)]}
         if isinstance(value, BaseException):
-            return {"~exc": self._exc_record(value, set())}
+            return {"~exc": self._exc_record(value)}
         if isinstance(value, Serializable):
             spec = _lc_spec(type(value))
             return {"~lc": [spec.lc_id, self._dict(_lc_kwargs(value, spec))]}
@@ -402,43 +477,40 @@ class FaithfulCodec:
             payload.append(unset)
         return payload
 
-    def _exc_record(self, exc: BaseException, seen: set[int]) -> dict[str, object]:
-        seen.add(id(exc))
+    def _exc_record(self, exc: BaseException, ancestors: frozenset[int] = frozenset()) -> dict[str, object]:
+        """The record of ``exc``; ``ancestors`` are the exceptions being recorded around it."""
+        path = ancestors | {id(exc)}
         if isinstance(exc, CheckpointedException):
             kwargs: dict[str, object] = {k: self._enc(v) for k, v in exc.kwargs.items()}
-            record: dict[str, object] = {
-                "id": exc.id,
-                "message": exc.message,
-                "kwargs": kwargs,
-                "repr_kwargs": exc.repr_kwargs,
-            }
+            repr_kwargs = list(exc.repr_kwargs)
+            record_id, message = exc.id, exc.message
             cause: BaseException | None = exc.cause
         else:
-            kind = type(exc)
             kwargs, repr_kwargs = {}, []
             for name, attr in getattr(exc, "__dict__", {}).items():
                 if name.startswith("__"):
                     continue
                 try:
-                    kwargs[name] = (
-                        {"~exc": self._exc_record(attr, seen)}
-                        if isinstance(attr, BaseException) and id(attr) not in seen
-                        else self._enc(attr)
-                    )
+                    if isinstance(attr, BaseException):
+                        if id(attr) in path:  # an exception holding itself (or an ancestor)
+                            raise _Refused("exception refers to itself")
+                        kwargs[name] = {"~exc": self._exc_record(attr, path)}
+                    else:
+                        kwargs[name] = self._enc(attr)
                 except _Refused:
                     kwargs[name] = repr(attr)
                     repr_kwargs.append(name)
-            record = {
-                "id": [*kind.__module__.split("."), kind.__qualname__],
-                "message": _message(exc),
-                "kwargs": kwargs,
-                "repr_kwargs": repr_kwargs,
-            }
+            kind = type(exc)
+            record_id = [*kind.__module__.split("."), kind.__qualname__]
+            message = _message(exc)
             cause = exception_cause(exc)
-        record["cause"] = (
-            self._exc_record(cause, seen) if cause is not None and id(cause) not in seen else None
-        )
-        return record
+        return {
+            "id": record_id,
+            "message": message,
+            "kwargs": kwargs,
+            "repr_kwargs": repr_kwargs,
+            "cause": None if cause is None or id(cause) in path else self._exc_record(cause, path),
+        }
 
     # decoding ---------------------------------------------------------------------------
 
@@ -454,9 +526,9 @@ class FaithfulCodec:
             tree = orjson.loads(data)
         except orjson.JSONDecodeError as exc:
             raise CheckpointSerializationError(f"stored value is not JSON: {exc}") from exc
-        # An envelope key always appears as the token `"~` (a quote inside a string is
-        # escaped), so bytes without one hold plain JSON, and bytes with exactly one that is
-        # a LangChain envelope hold plain constructor kwargs: neither needs walking.
+        # Every envelope key starts with the bytes `"~`. Bytes without them hold plain JSON,
+        # and bytes with exactly one, in a LangChain envelope, hold plain constructor kwargs:
+        # neither needs walking. (A string containing `"~` only costs the full walk.)
         marks = data.count(b'"~') if isinstance(data, bytes) else data.count('"~')
         if marks == 0:
             return tree
@@ -473,6 +545,8 @@ class FaithfulCodec:
             return self._dec(tree)
         except _Refused as refused:
             raise refused.error() from None
+        except RecursionError:
+            raise CheckpointSerializationError("stored value is nested too deeply to read") from None
 
     def _dec(self, value: object) -> Any:
         kind = type(value)
@@ -526,20 +600,25 @@ class FaithfulCodec:
                     "before loading the thread or add it to the codec allowlist"
                 )
             loaded = importlib.import_module(module)
+        # A static lookup: a module's __getattr__ (lazy imports) or a class's descriptors
+        # never run for a name read from the store.
         target: Any = loaded
         for part in qualname.split("."):
-            target = getattr(target, part)
+            try:
+                target = inspect.getattr_static(target, part)
+            except AttributeError:
+                raise _Refused(f"{module}.{qualname} does not exist on this host") from None
         return target
 
     def _dec_enum(self, payload: list[Any]) -> enum.Enum:
-        module, qualname, value = payload
+        module, qualname, value = _fields(payload, str, str, object)
         cls = self._resolve(module, qualname, "enum")
         if not (isinstance(cls, type) and issubclass(cls, enum.Enum)):
             raise _Refused(f"{module}.{qualname} is not an enum")
         return cls(self._dec(value))
 
     def _dec_dataclass(self, payload: list[Any]) -> object:
-        module, qualname, fields = payload
+        module, qualname, fields = _fields(payload, str, str, dict)
         cls = self._resolve(module, qualname, "dataclass")
         if not (isinstance(cls, type) and dataclasses.is_dataclass(cls)):
             raise _Refused(f"{module}.{qualname} is not a dataclass")
@@ -551,7 +630,10 @@ class FaithfulCodec:
         return instance
 
     def _dec_model(self, payload: list[Any]) -> BaseModel:
-        module, qualname, fields = payload[:3]
+        if len(_seq(payload)) == 3:
+            module, qualname, fields = _fields(payload, str, str, dict)
+        else:
+            module, qualname, fields, _, _, _ = _fields(payload, str, str, dict, dict, dict, list)
         cls = self._resolve(module, qualname, "pydantic model")
         if not (isinstance(cls, type) and issubclass(cls, BaseModel)):
             raise _Refused(f"{module}.{qualname} is not a pydantic model")
@@ -559,7 +641,8 @@ class FaithfulCodec:
         if len(payload) == 3:
             return cls.model_construct(**values)
         extra, private, unset = self._dec(payload[3]), self._dec(payload[4]), payload[5]
-        instance = cls.model_construct(_fields_set=set(values) - set(unset), **values, **extra)
+        fields_set = (set(values) - set(unset)) | set(extra)
+        instance = cls.model_construct(_fields_set=fields_set, **values, **extra)
         if private:
             object.__setattr__(instance, "__pydantic_private__", private)
         return instance
@@ -568,7 +651,9 @@ class FaithfulCodec:
         return self._revive(payload, walk=True)
 
     def _revive(self, payload: list[Any], *, walk: bool) -> object:
-        lc_id, kwargs = payload
+        lc_id, kwargs = _fields(payload, list, dict)
+        if not all(type(part) is str for part in lc_id):
+            raise _Refused(f"malformed LangChain id {lc_id!r:.80}")
         decoded = self._dec(kwargs) if walk else kwargs
         key = tuple(lc_id)
         cls = _lc_class(key)
@@ -580,12 +665,28 @@ class FaithfulCodec:
         except Exception as exc:
             raise _Refused(f"cannot revive {'.'.join(key)}: {exc}") from exc
 
-    def _dec_exc(self, record: dict[str, Any]) -> CheckpointedException:
+    def _dec_exc(self, record: object) -> CheckpointedException:
+        if not (
+            type(record) is dict
+            and type(record.get("id")) is list
+            and all(type(part) is str for part in record["id"])
+            and type(record.get("message")) is str
+            and type(record.get("kwargs", {})) is dict
+            and type(record.get("repr_kwargs", [])) is list
+        ):
+            raise _Refused(f"malformed exception record {record!r:.80}")
         cause = record.get("cause")
         return CheckpointedException(
             id=list(record["id"]),
             message=record["message"],
             kwargs=self._dec(record.get("kwargs") or {}),
-            repr_kwargs=list(record.get("repr_kwargs") or []),
+            repr_kwargs=[str(name) for name in record.get("repr_kwargs") or []],
             cause=None if cause is None else self._dec_exc(cause),
         )
+
+    def _dec_pairs(self, payload: object) -> dict[Any, Any]:
+        out = {}
+        for pair in _seq(payload):
+            key, value = _fields(pair, object, object)
+            out[self._dec(key)] = self._dec(value)
+        return out

@@ -1,0 +1,192 @@
+"""SPEC C5, C7: the serializers savers store values with: compression, msgpack, allowlists."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import sys
+import uuid
+import zlib
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from langchain_core.messages import HumanMessage
+from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
+
+from threadkeep.codec import CompressingSerializer, FaithfulSerializer, build_serde, with_allowlist
+from threadkeep.errors import CheckpointSerializationError
+
+
+@dataclasses.dataclass
+class Note:
+    text: str
+    at: datetime
+
+
+def big_value() -> dict[str, Any]:
+    """A value whose encoding is a few kilobytes of repetitive text, as chat state is."""
+    return {
+        "messages": [HumanMessage(f"message number {i}: " + "lorem ipsum " * 20) for i in range(20)],
+        "notes": (Note("n", datetime(2024, 1, 1, tzinfo=UTC)),),
+    }
+
+
+def encoded_size(value: Any) -> int:
+    return len(FaithfulSerializer().dumps_typed(value)[1])
+
+
+# --- C5 --------------------------------------------------------------------------------------
+
+
+def test_c5_value_larger_than_the_threshold_is_stored_compressed_and_smaller() -> None:
+    value = big_value()
+    plain_size = encoded_size(value)
+    serde = build_serde("json", compress_threshold=plain_size - 1)
+    kind, payload = serde.dumps_typed(value)
+    assert kind == "json+zlib"
+    assert len(payload) < plain_size
+    assert serde.loads_typed((kind, payload)) == value
+
+
+def test_c5_value_at_or_below_the_threshold_is_stored_plain() -> None:
+    value = big_value()
+    plain_size = encoded_size(value)
+    for threshold in (plain_size, plain_size + 1):
+        kind, payload = build_serde("json", compress_threshold=threshold).dumps_typed(value)
+        assert kind == "json"
+        assert len(payload) == plain_size
+        assert orjson.loads(payload)  # readable JSON as stored
+
+
+def test_c5_default_threshold_is_65536() -> None:
+    assert build_serde("json").threshold == 65536
+    small = {"k": "v" * 1000}
+    assert build_serde("json").dumps_typed(small)[0] == "json"
+    large = {"k": "v" * 70000}
+    assert build_serde("json").dumps_typed(large)[0] == "json+zlib"
+
+
+def test_c5_threshold_none_never_compresses() -> None:
+    serde = build_serde("json", compress_threshold=None)
+    value = {"k": "v" * 200_000, "more": big_value()}
+    kind, payload = serde.dumps_typed(value)
+    assert kind == "json"
+    assert serde.loads_typed((kind, payload)) == value
+
+
+@pytest.mark.parametrize(
+    ("writer_threshold", "reader_threshold"),
+    [(16, None), (None, 16), (16, 10**9), (10**9, 16)],
+    ids=["compressed-read-by-off", "plain-read-by-on", "compressed-read-by-high", "plain-read-by-low"],
+)
+def test_c5_reads_accept_both_forms_whatever_the_current_threshold(
+    writer_threshold: int | None, reader_threshold: int | None
+) -> None:
+    value = big_value()
+    stored = build_serde("json", compress_threshold=writer_threshold).dumps_typed(value)
+    assert stored[0] == ("json+zlib" if writer_threshold == 16 else "json")
+    assert build_serde("json", compress_threshold=reader_threshold).loads_typed(stored) == value
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [b"not zlib at all", zlib.compress(b'{"a": 1}')[:-4], b""],
+    ids=["garbage", "truncated", "empty"],
+)
+def test_c5_corrupt_compressed_bytes_fail_the_read(payload: bytes) -> None:
+    with pytest.raises(CheckpointSerializationError):
+        build_serde("json").loads_typed(("json+zlib", payload))
+
+
+def test_c5_compressed_bytes_that_hold_no_json_fail_the_read() -> None:
+    with pytest.raises(CheckpointSerializationError):
+        build_serde("json").loads_typed(("json+zlib", zlib.compress(b"\x80\x81 not json")))
+
+
+# --- C7 --------------------------------------------------------------------------------------
+
+
+def test_c7_msgpack_codec_uses_langgraphs_serializer() -> None:
+    serde = build_serde("msgpack", compress_threshold=None)
+    assert isinstance(serde.inner, JsonPlusSerializer)
+    value = {"messages": [HumanMessage("hi")], "n": 1}
+    kind, payload = serde.dumps_typed(value)
+    assert kind == "msgpack"
+    assert serde.loads_typed((kind, payload)) == value
+    assert JsonPlusSerializer().loads_typed((kind, payload)) == value  # LangGraph's own bytes
+
+
+def test_c7_msgpack_values_are_compressed_too() -> None:
+    value = {"messages": big_value()["messages"]}  # msgpack itself turns tuples into lists
+    serde = build_serde("msgpack", compress_threshold=64)
+    kind, payload = serde.dumps_typed(value)
+    assert kind == "msgpack+zlib"
+    assert serde.loads_typed((kind, payload)) == value
+
+
+def test_c7_faithful_serializer_refuses_a_msgpack_payload_clearly() -> None:
+    stored = build_serde("msgpack", compress_threshold=None).dumps_typed({"a": 1})
+    with pytest.raises(CheckpointSerializationError) as caught:
+        build_serde("json").loads_typed(stored)
+    assert "msgpack" in str(caught.value)
+    assert "LLM_PROVIDER_CHECKPOINT_CODEC" in str(caught.value)
+
+
+def test_c7_faithful_serializer_refuses_a_compressed_msgpack_payload() -> None:
+    stored = build_serde("msgpack", compress_threshold=1).dumps_typed(big_value())
+    assert stored[0] == "msgpack+zlib"
+    with pytest.raises(CheckpointSerializationError, match="msgpack"):
+        build_serde("json").loads_typed(stored)
+
+
+@pytest.fixture
+def module_with_a_class(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """The name of a module on sys.path, not imported yet, holding dataclass ``Thing``."""
+    name = f"tk_serde_probe_{uuid.uuid4().hex}"
+    source = "import dataclasses\n@dataclasses.dataclass\nclass Thing:\n    x: int\n"
+    (tmp_path / f"{name}.py").write_text(source)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield name
+    sys.modules.pop(name, None)
+
+
+def test_c7_with_allowlist_extends_the_faithful_codecs_allowlist(module_with_a_class: str) -> None:
+    name = module_with_a_class
+    serde = build_serde("json", compress_threshold=123)
+    extended = with_allowlist(serde, [(name,), (name, "Thing")])
+
+    assert isinstance(extended, CompressingSerializer)
+    assert extended.threshold == 123
+    assert isinstance(extended.inner, FaithfulSerializer)
+    assert {(name,), (name, "Thing")} <= extended.inner.codec.allowlist
+    assert isinstance(serde.inner, FaithfulSerializer)
+    assert (name,) not in serde.inner.codec.allowlist  # the original is unchanged
+
+    stored = ("json", orjson.dumps({"~dataclass": [name, "Thing", {"x": 5}]}))
+    with pytest.raises(CheckpointSerializationError):
+        serde.loads_typed(stored)
+    assert name not in sys.modules
+    thing = extended.loads_typed(stored)
+    assert type(thing) is sys.modules[name].Thing
+    assert thing.x == 5
+
+
+def test_c7_with_allowlist_is_honoured_by_strict_msgpack(module_with_a_class: str) -> None:
+    module = importlib.import_module(module_with_a_class)
+    strict = build_serde(
+        "msgpack", compress_threshold=None, inner=JsonPlusSerializer(allowed_msgpack_modules=None)
+    )
+    stored = strict.dumps_typed({"thing": module.Thing(7)})
+    assert stored[0] == "msgpack"
+
+    blocked = strict.loads_typed(stored)["thing"]
+    assert not isinstance(blocked, module.Thing)
+
+    extended = with_allowlist(strict, [(module_with_a_class, "Thing")])
+    assert isinstance(extended, CompressingSerializer)
+    assert isinstance(extended.inner, JsonPlusSerializer)
+    assert extended.loads_typed(stored) == {"thing": module.Thing(7)}
