@@ -9,6 +9,7 @@ and reports bytes stored and per-call latency medians (median over ``--runs`` ru
 
 from __future__ import annotations
 
+import gc
 import sqlite3
 import statistics
 import tempfile
@@ -87,6 +88,7 @@ STORES = {
 
 def run_once(name: str, turns: int) -> dict[str, Any]:
     """Run ``turns`` turns on a fresh store; return its size and per-call medians."""
+    gc.collect()  # start every run from the same heap, whatever ran before
     with tempfile.TemporaryDirectory() as tmp:
         store = open_store(name, Path(tmp), **STORES[name])
         try:

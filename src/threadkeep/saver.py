@@ -28,7 +28,7 @@ from langgraph.checkpoint.serde.base import SerializerProtocol
 
 from threadkeep.codec.serde import build_serde, with_allowlist
 from threadkeep.core.identity import Actor, actor_for
-from threadkeep.core.messages import EncodingMemo
+from threadkeep.core.messages import ContentCache, EncodingMemo
 from threadkeep.core.program import Engine, Program, ProgramFactory
 from threadkeep.core.records import (
     ListQuery,
@@ -72,10 +72,12 @@ class Backend(Protocol):
 
     def put_writes(self, step: WritesStep) -> Program[None]: ...
 
-    def get_tuple(self, target: Target, serde: SerializerProtocol) -> Program[CheckpointTuple | None]: ...
+    def get_tuple(
+        self, target: Target, serde: SerializerProtocol, content: ContentCache
+    ) -> Program[CheckpointTuple | None]: ...
 
     def list_page(
-        self, query: ListQuery, serde: SerializerProtocol
+        self, query: ListQuery, serde: SerializerProtocol, content: ContentCache
     ) -> Program[tuple[list[CheckpointTuple], ListQuery | None]]: ...
 
     def delete_thread(self, thread_id: str, owner: str | None) -> Program[bool]: ...
@@ -128,6 +130,7 @@ class ThreadkeepSaver(BaseCheckpointSaver[str]):
         self.clock = clock
         self._owned: list[Callable[[], None]] = [backend.engine.close]
         self._memo = EncodingMemo()
+        self._content = ContentCache()
 
     # running programs ---------------------------------------------------------------------
 
@@ -160,6 +163,7 @@ class ThreadkeepSaver(BaseCheckpointSaver[str]):
             history_limit=self.state_history_limit,
             now=self.clock(),
             memo=self._memo,
+            content=self._content,
         )
         return lambda: self.backend.put(step)
 
@@ -180,7 +184,7 @@ class ThreadkeepSaver(BaseCheckpointSaver[str]):
 
     def _get_tuple(self, config: RunnableConfig) -> ProgramFactory[CheckpointTuple | None]:
         target, serde = self._target(config), self.serde
-        return lambda: self.backend.get_tuple(target, serde)
+        return lambda: self.backend.get_tuple(target, serde, self._content)
 
     def _list_query(
         self,
@@ -196,7 +200,7 @@ class ThreadkeepSaver(BaseCheckpointSaver[str]):
 
     def _list_page(self, query: ListQuery) -> ProgramFactory[tuple[list[CheckpointTuple], ListQuery | None]]:
         serde = self.serde
-        return lambda: self.backend.list_page(query, serde)
+        return lambda: self.backend.list_page(query, serde, self._content)
 
     def _delete_thread(self, thread_id: str) -> ProgramFactory[bool]:
         owner = self._actor().owner_filter

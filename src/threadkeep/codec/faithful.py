@@ -86,6 +86,9 @@ def _reviver() -> Reviver:
     return Reviver(allowed_objects="core")
 
 
+_LC_VALIDATOR: Final = _reviver().init_validator
+
+
 @lru_cache(maxsize=256)
 def _lc_class(key: tuple[str, ...]) -> type[Serializable]:
     """The class LangChain's loader would build for ``key``, with the loader's own checks.
@@ -93,6 +96,8 @@ def _lc_class(key: tuple[str, ...]) -> type[Serializable]:
     The same decisions as ``Reviver.__call__`` (allowlist, trusted namespaces, import mapping,
     a ``Serializable`` subclass), taken once per class instead of once per value.
     """
+    if not all(type(part) is str for part in key):
+        raise _Refused(f"malformed LangChain id {key!r:.80}")
     reviver = _reviver()
     allowed = reviver.allowed_class_paths
     if (allowed is not None and key not in allowed) or key not in reviver.import_mappings:
@@ -651,16 +656,19 @@ class FaithfulCodec:
         return self._revive(payload, walk=True)
 
     def _revive(self, payload: list[Any], *, walk: bool) -> object:
-        lc_id, kwargs = _fields(payload, list, dict)
-        if not all(type(part) is str for part in lc_id):
-            raise _Refused(f"malformed LangChain id {lc_id!r:.80}")
-        decoded = self._dec(kwargs) if walk else kwargs
-        key = tuple(lc_id)
-        cls = _lc_class(key)
-        validator = _reviver().init_validator
+        # The hot path of every read of a message: checks inlined, class looked up once.
+        if not (type(payload) is list and len(payload) == 2 and type(payload[1]) is dict):
+            raise _Refused(f"malformed LangChain envelope {payload!r:.80}")
+        lc_id, kwargs = payload
         try:
-            if validator is not None:
-                validator(key, decoded)
+            key = tuple(lc_id)
+            cls = _lc_class(key)
+        except TypeError:
+            raise _Refused(f"malformed LangChain id {lc_id!r:.80}") from None
+        decoded = self._dec(kwargs) if walk else kwargs
+        try:
+            if _LC_VALIDATOR is not None:
+                _LC_VALIDATOR(key, decoded)
             return cls(**decoded)
         except Exception as exc:
             raise _Refused(f"cannot revive {'.'.join(key)}: {exc}") from exc

@@ -29,6 +29,7 @@ from threadkeep.errors import CheckpointSerializationError
 
 __all__ = [
     "CHAIN_TYPE",
+    "ContentCache",
     "EncodingMemo",
     "MessageChain",
     "build_chain",
@@ -66,7 +67,22 @@ def _fingerprint(message: Any) -> int | None:
         return None
 
 
-_Entry = tuple[object, int, bytes]  # (the message object, its fingerprint, its digest)
+class _Remembered:
+    """What one put of a list encoded: ``id -> (fingerprint, digest)``, and the objects.
+
+    ``objects`` keeps every remembered object alive, so an id in ``digests`` can only be
+    that object's. The mapping holds only ints and bytes, which the garbage collector does
+    not track: a long list costs the collector nothing per put.
+    """
+
+    __slots__ = ("digests", "objects")
+
+    def __init__(self) -> None:
+        self.digests: dict[int, tuple[int, bytes]] = {}
+        self.objects: list[object] = []
+
+
+_NOTHING = _Remembered()
 
 
 class EncodingMemo:
@@ -83,21 +99,85 @@ class EncodingMemo:
 
     def __init__(self, lists: int = 128) -> None:
         self.lists = lists
-        self._lists: OrderedDict[tuple[str, ...], dict[int, _Entry]] = OrderedDict()
+        self._lists: OrderedDict[tuple[str, ...], _Remembered] = OrderedDict()
         self._guard = threading.Lock()
 
-    def previous(self, key: tuple[str, ...]) -> dict[int, _Entry]:
+    def previous(self, key: tuple[str, ...]) -> _Remembered:
         """What the last put of list ``key`` encoded."""
         with self._guard:
-            return self._lists.get(key, {})
+            return self._lists.get(key, _NOTHING)
 
-    def keep(self, key: tuple[str, ...], entries: dict[int, _Entry]) -> None:
+    def keep(self, key: tuple[str, ...], remembered: _Remembered) -> None:
         """Remember what this put of list ``key`` encoded, forgetting the oldest lists."""
         with self._guard:
-            self._lists[key] = entries
+            self._lists[key] = remembered
             self._lists.move_to_end(key)
             while len(self._lists) > self.lists:
                 self._lists.popitem(last=False)
+
+
+class ContentCache:
+    """Message lists and messages by their hashes, kept in process memory.
+
+    Both mappings are pure: a tail node determines its list's digests, and a digest its
+    payload, whatever store or thread they are read from. So entries never go stale; a
+    reader that has read a checkpoint referring to a tail may take the list from here
+    instead of walking the links again. Bounded: ``max_lists`` lists, ``max_bytes`` of
+    payloads, least recently used first out.
+    """
+
+    def __init__(self, max_lists: int = 1024, max_bytes: int = 32 * 1024 * 1024) -> None:
+        self.max_lists = max_lists
+        self.max_bytes = max_bytes
+        self._lists: OrderedDict[bytes, tuple[bytes, ...]] = OrderedDict()
+        self._payloads: OrderedDict[bytes, tuple[str, bytes]] = OrderedDict()
+        self._bytes = 0
+        self._guard = threading.Lock()
+
+    def messages(self, tail: bytes) -> list[tuple[str, bytes]] | None:
+        """The (type, payload) of every message of the list ending at ``tail``, if all known."""
+        with self._guard:
+            digests = self._lists.get(tail)
+            if digests is None:
+                return None
+            payloads = self._payloads
+            out = [payloads.get(digest) for digest in digests]
+            if None in out:
+                return None
+            self._lists.move_to_end(tail)
+            return out  # type: ignore[return-value]
+
+    def keep(self, tail: bytes, messages: Sequence[tuple[bytes, str, bytes]]) -> None:
+        """Remember the list ending at ``tail`` and the payloads of its messages."""
+        with self._guard:
+            self._lists[tail] = tuple(digest for digest, _, _ in messages)
+            self._lists.move_to_end(tail)
+            while len(self._lists) > self.max_lists:
+                self._lists.popitem(last=False)
+            for digest, kind, payload in messages:
+                self._keep_payload(digest, kind, payload)
+
+    def keep_chain(self, chain: MessageChain) -> None:
+        """Remember what a put encoded: its list, and the payloads it has at hand."""
+        with self._guard:
+            self._lists[chain.tail] = chain.digests
+            self._lists.move_to_end(chain.tail)
+            while len(self._lists) > self.max_lists:
+                self._lists.popitem(last=False)
+            for position, (kind, payload) in chain.encoded():
+                self._keep_payload(chain.digests[position], kind, payload)
+
+    def _keep_payload(self, digest: bytes, kind: str, payload: bytes) -> None:
+        if digest in self._payloads:
+            self._payloads.move_to_end(digest)
+            return
+        if len(payload) > self.max_bytes // 8:
+            return
+        self._payloads[digest] = (kind, payload)
+        self._bytes += len(payload)
+        while self._bytes > self.max_bytes:
+            _, (_, dropped) = self._payloads.popitem(last=False)
+            self._bytes -= len(dropped)
 
 
 class MessageChain:
@@ -124,23 +204,23 @@ class MessageChain:
         self._messages = tuple(messages)
         self._serde = serde
         self._payloads: dict[int, tuple[str, bytes]] = {}
-        previous = memo.previous(memo_key) if memo is not None else {}
-        current: dict[int, _Entry] = {}
+        previous = memo.previous(memo_key).digests if memo is not None else {}
+        current = _Remembered()
         nodes: list[bytes] = []
         digests: list[bytes] = []
         prev: bytes | None = None
         for position, message in enumerate(self._messages):
             fingerprint = _fingerprint(message)
             entry = previous.get(id(message))
-            unchanged = fingerprint is not None and entry is not None and entry[1] == fingerprint
-            if unchanged and entry is not None and entry[0] is message:
-                digest = entry[2]
+            if fingerprint is not None and entry is not None and entry[0] == fingerprint:
+                digest = entry[1]
             else:
                 kind, payload = self._encode(position)
                 digest = _digest(kind, payload)
                 self._payloads[position] = (kind, payload)
             if fingerprint is not None:
-                current[id(message)] = (message, fingerprint, digest)
+                current.digests[id(message)] = (fingerprint, digest)
+                current.objects.append(message)
             prev = _link(prev, digest)
             nodes.append(prev)
             digests.append(digest)
@@ -162,6 +242,10 @@ class MessageChain:
     def prev(self, position: int) -> bytes | None:
         """The node before ``position``, ``None`` for the first."""
         return self.nodes[position - 1] if position else None
+
+    def encoded(self) -> list[tuple[int, tuple[str, bytes]]]:
+        """The positions this chain has encoded payloads for, with them."""
+        return list(self._payloads.items())
 
     def payload(self, position: int) -> tuple[str, bytes]:
         """The stored form of the message at ``position``."""

@@ -26,6 +26,7 @@ from threadkeep.codec.faithful import FaithfulCodec
 from threadkeep.core.identity import Actor, actor_for
 from threadkeep.core.messages import (
     CHAIN_TYPE,
+    ContentCache,
     EncodingMemo,
     MessageChain,
     build_chain,
@@ -157,6 +158,7 @@ def prepare_put(
     history_limit: int | None,
     now: float,
     memo: EncodingMemo | None = None,
+    content: ContentCache | None = None,
 ) -> PutStep:
     """Encode a ``put``: the changed channels, their message chains, the checkpoint."""
     target = target_of(config, isolate=isolate)
@@ -175,6 +177,8 @@ def prepare_put(
             try:
                 memo_key = (target.thread_id, target.checkpoint_ns, channel)
                 chain = build_chain(channel, key, value, serde, memo=memo, memo_key=memo_key)
+                if content is not None:
+                    content.keep_chain(chain)
             except CheckpointSerializationError as error:
                 raise error.under(path) from None
             chains.append(chain)

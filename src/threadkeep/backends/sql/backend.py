@@ -16,6 +16,7 @@ from langgraph.checkpoint.serde.base import SerializerProtocol
 from threadkeep.backends.sql import programs
 from threadkeep.backends.sql.programs import SqlDialect
 from threadkeep.core.identity import Actor
+from threadkeep.core.messages import ContentCache
 from threadkeep.core.program import Engine, Program
 from threadkeep.core.records import ListQuery, PutStep, Target, WritesStep
 
@@ -93,13 +94,15 @@ class SqlBackend:
     def put_writes(self, step: WritesStep) -> Program[None]:
         return programs.put_writes(self.dialect, step)
 
-    def get_tuple(self, target: Target, serde: SerializerProtocol) -> Program[CheckpointTuple | None]:
-        return programs.get_tuple(self.dialect, target, serde)
+    def get_tuple(
+        self, target: Target, serde: SerializerProtocol, content: ContentCache
+    ) -> Program[CheckpointTuple | None]:
+        return programs.get_tuple(self.dialect, target, serde, content)
 
     def list_page(
-        self, query: ListQuery, serde: SerializerProtocol
+        self, query: ListQuery, serde: SerializerProtocol, content: ContentCache
     ) -> Program[tuple[list[CheckpointTuple], ListQuery | None]]:
-        return programs.list_page(self.dialect, query, serde)
+        return programs.list_page(self.dialect, query, serde, content)
 
     def delete_thread(self, thread_id: str, owner: str | None) -> Program[bool]:
         return programs.delete_thread(self.dialect, thread_id, owner)

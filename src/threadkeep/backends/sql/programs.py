@@ -15,7 +15,7 @@ from langgraph.checkpoint.base import CheckpointTuple
 from langgraph.checkpoint.serde.base import SerializerProtocol
 
 from threadkeep.core.identity import Actor
-from threadkeep.core.messages import CHAIN_TYPE, MessageChain, parse_chain_ref
+from threadkeep.core.messages import CHAIN_TYPE, ContentCache, MessageChain, parse_chain_ref
 from threadkeep.core.program import Program, Sql, SqlMany
 from threadkeep.core.records import (
     EMPTY_TYPE,
@@ -256,22 +256,27 @@ def _thread_tid(q: SqlDialect, thread_id: str, owner: str | None) -> Program[int
     return int(rows[0][0]) if rows else None
 
 
-def get_tuple(q: SqlDialect, target: Target, serde: SerializerProtocol) -> Program[CheckpointTuple | None]:
+def get_tuple(
+    q: SqlDialect, target: Target, serde: SerializerProtocol, content: ContentCache
+) -> Program[CheckpointTuple | None]:
     """The addressed checkpoint, or the newest of its namespace, with its pending writes."""
-    tid = yield from _thread_tid(q, target.thread_id, target.actor.owner_filter)
-    if tid is None:
-        return None
-    params = {"tid": tid, "checkpoint_ns": target.checkpoint_ns, "checkpoint_id": target.checkpoint_id}
+    params = {
+        "thread_id": target.thread_id,
+        "owner": target.actor.owner_filter,
+        "checkpoint_ns": target.checkpoint_ns,
+        "checkpoint_id": target.checkpoint_id,
+    }
     rows = yield Sql(q.SELECT_LATEST if target.checkpoint_id is None else q.SELECT_CHECKPOINT, params)
     if not rows:
         return None
-    checkpoint_id, parent_id, structure, metadata = rows[0]
+    tid, checkpoint_id, parent_id, structure, metadata = rows[0]
     return (
         yield from _load(
             q,
             serde,
+            content,
             thread_id=target.thread_id,
-            tid=tid,
+            tid=int(tid),
             checkpoint_ns=target.checkpoint_ns,
             checkpoint_id=checkpoint_id,
             parent_id=parent_id,
@@ -285,6 +290,7 @@ def get_tuple(q: SqlDialect, target: Target, serde: SerializerProtocol) -> Progr
 def _load(
     q: SqlDialect,
     serde: SerializerProtocol,
+    content: ContentCache,
     *,
     thread_id: str,
     tid: int,
@@ -307,7 +313,9 @@ def _load(
             if kind == EMPTY_TYPE:
                 continue
             if kind == CHAIN_TYPE:
-                values[channel] = yield from _load_chain(q, serde, tid, bytes(payload), path)
+                values[channel] = yield from _load_chain(
+                    q, serde, content, tid=tid, ref=bytes(payload), path=path
+                )
             else:
                 values[channel] = decode_value(serde, kind, payload, path)
     writes = yield Sql(
@@ -330,20 +338,24 @@ def _load(
 
 
 def _load_chain(
-    q: SqlDialect, serde: SerializerProtocol, tid: int, ref: bytes, path: str
+    q: SqlDialect, serde: SerializerProtocol, content: ContentCache, *, tid: int, ref: bytes, path: str
 ) -> Program[list[Any]]:
     tail, count = parse_chain_ref(ref)
-    rows = yield Sql(q.SELECT_CHAIN, {"tid": tid, "tail": tail, "count": count})
-    if len(rows) != count:
-        raise CheckpointSerializationError(
-            f"message history is incomplete: {len(rows)} of {count} messages are stored", path=path
-        )
-    rows.sort(key=lambda row: -row[0])
-    return [decode_value(serde, kind, payload, f"{path}[{i}]") for i, (_, kind, payload) in enumerate(rows)]
+    messages = content.messages(tail)
+    if messages is None or len(messages) != count:
+        rows = yield Sql(q.SELECT_CHAIN, {"tid": tid, "tail": tail, "count": count})
+        if len(rows) != count:
+            raise CheckpointSerializationError(
+                f"message history is incomplete: {len(rows)} of {count} messages are stored", path=path
+            )
+        rows.sort(key=lambda row: -row[0])
+        content.keep(tail, [(bytes(digest), kind, bytes(payload)) for _, digest, kind, payload in rows])
+        messages = [(kind, payload) for _, _, kind, payload in rows]
+    return [decode_value(serde, kind, payload, f"{path}[{i}]") for i, (kind, payload) in enumerate(messages)]
 
 
 def list_page(
-    q: SqlDialect, query: ListQuery, serde: SerializerProtocol
+    q: SqlDialect, query: ListQuery, serde: SerializerProtocol, content: ContentCache
 ) -> Program[tuple[list[CheckpointTuple], ListQuery | None]]:
     """One page of ``list``, newest first, and the query for the next page."""
     cursor_id, cursor_tid, cursor_ns = query.cursor or (None, None, None)
@@ -369,6 +381,7 @@ def list_page(
                 yield from _load(
                     q,
                     serde,
+                    content,
                     thread_id=thread_id,
                     tid=int(tid),
                     checkpoint_ns=ns,

@@ -95,15 +95,20 @@ ON CONFLICT (tid, checkpoint_ns, checkpoint_id, task_id, idx) DO UPDATE SET
 
 # --- reads -------------------------------------------------------------------------------
 
+# The addressed checkpoint (or the newest of the namespace), if the caller may see its thread.
 SELECT_LATEST = """
-SELECT checkpoint_id, parent_id, checkpoint, metadata FROM tk_checkpoints
-WHERE tid = :tid AND checkpoint_ns = :checkpoint_ns
-ORDER BY checkpoint_id DESC LIMIT 1
+SELECT c.tid, c.checkpoint_id, c.parent_id, c.checkpoint, c.metadata
+FROM tk_threads AS t JOIN tk_checkpoints AS c ON c.tid = t.tid
+WHERE t.thread_id = :thread_id AND (:owner IS NULL OR t.owner = :owner)
+  AND c.checkpoint_ns = :checkpoint_ns
+ORDER BY c.checkpoint_id DESC LIMIT 1
 """
 
 SELECT_CHECKPOINT = """
-SELECT checkpoint_id, parent_id, checkpoint, metadata FROM tk_checkpoints
-WHERE tid = :tid AND checkpoint_ns = :checkpoint_ns AND checkpoint_id = :checkpoint_id
+SELECT c.tid, c.checkpoint_id, c.parent_id, c.checkpoint, c.metadata
+FROM tk_threads AS t JOIN tk_checkpoints AS c ON c.tid = t.tid
+WHERE t.thread_id = :thread_id AND (:owner IS NULL OR t.owner = :owner)
+  AND c.checkpoint_ns = :checkpoint_ns AND c.checkpoint_id = :checkpoint_id
 """
 
 SELECT_BLOBS = """
@@ -128,7 +133,7 @@ WITH RECURSIVE walk (depth, prev, digest) AS (
     FROM walk JOIN tk_message_links AS link ON link.tid = :tid AND link.node = walk.prev
     WHERE walk.depth + 1 < :count
 )
-SELECT walk.depth, message.type, message.value
+SELECT walk.depth, walk.digest, message.type, message.value
 FROM walk JOIN tk_messages AS message ON message.tid = :tid AND message.digest = walk.digest
 """
 
