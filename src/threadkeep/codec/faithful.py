@@ -87,6 +87,84 @@ def _reviver() -> Reviver:
 
 
 _LC_VALIDATOR: Final = _reviver().init_validator
+_LC_PREFIX: Final = b'{"~lc":['
+_MARK: Final = b'"~'
+_NOT_PLAIN: Final = object()
+_LC_BY_BYTES: dict[bytes, tuple[type[Serializable], tuple[str, ...]]] = {}
+
+
+# Message classes rebuilt from their stored fields without running their validators: the
+# fields were validated when the message was built, and the constructor is most of the
+# cost of every read. Chunk classes derive fields after validation and use the constructor.
+_TRUSTED_MESSAGES: Final = frozenset({"HumanMessage", "AIMessage", "SystemMessage", "ToolMessage"})
+
+
+class _Rebuild:
+    """Rebuilds one pydantic model class from validated field values, as ``model_construct``
+    does, without its per-field default deep copies (``copy.deepcopy`` of ``None`` and of
+    strings is the identity) and with the class's plan computed once.
+    """
+
+    def __init__(self, cls: type[BaseModel]) -> None:
+        self.cls = cls
+        self.plan: list[tuple[str, Callable[[], Any] | None, Any]] = []
+        for name, info in cls.model_fields.items():
+            if info.is_required():
+                self.plan.append((name, None, _NO_DEFAULT))
+            elif info.default_factory is not None:
+                self.plan.append((name, info.default_factory, _NO_DEFAULT))  # type: ignore[arg-type]
+            elif info.default is None or isinstance(info.default, (str, int, float, bool)):
+                self.plan.append((name, None, info.default))
+            else:
+                raise TypeError(f"{cls.__qualname__}.{name} has a mutable default")
+        self.extra = cls.model_config.get("extra") == "allow"
+
+    def __call__(self, kwargs: dict[str, Any]) -> BaseModel:
+        values: dict[str, Any] = {}
+        given: set[str] = set()
+        for name, factory, default in self.plan:
+            if name in kwargs:
+                values[name] = kwargs.pop(name)
+                given.add(name)
+            elif factory is not None:
+                values[name] = factory()
+            elif default is _NO_DEFAULT:
+                raise _Refused(f"stored {self.cls.__qualname__} lacks its field {name!r}")
+            else:
+                values[name] = default
+        if kwargs and not self.extra:
+            raise _Refused(f"stored {self.cls.__qualname__} has unknown fields {sorted(kwargs)}")
+        instance = self.cls.__new__(self.cls)
+        object.__setattr__(instance, "__dict__", values)
+        object.__setattr__(instance, "__pydantic_fields_set__", given | set(kwargs))
+        object.__setattr__(instance, "__pydantic_extra__", kwargs if self.extra else None)
+        object.__setattr__(instance, "__pydantic_private__", None)
+        return instance
+
+
+@lru_cache(maxsize=64)
+def _rebuilder(cls: type[Serializable]) -> Callable[[dict[str, Any]], object]:
+    """How to build ``cls`` from stored kwargs: the fast rebuild for trusted messages."""
+    if (
+        cls.__name__ in _TRUSTED_MESSAGES
+        and cls.__module__.startswith("langchain_core.messages")
+        and not cls.__pydantic_post_init__
+    ):
+        try:
+            return _Rebuild(cls)
+        except TypeError:
+            pass
+    return lambda kwargs: cls(**kwargs)
+
+
+@lru_cache(maxsize=256)
+def _lc_class_by_bytes(id_bytes: bytes) -> tuple[type[Serializable], tuple[str, ...]]:
+    """:func:`_lc_class` keyed by the stored bytes of the id list, e.g. ``["langchain",...]``."""
+    try:
+        key = tuple(orjson.loads(id_bytes))
+    except (orjson.JSONDecodeError, TypeError):
+        raise _Refused(f"malformed LangChain id {id_bytes!r:.80}") from None
+    return _lc_class(key), key
 
 
 @lru_cache(maxsize=256)
@@ -161,7 +239,8 @@ def _lc_spec(cls: type[Serializable]) -> _LcSpec:
 
 
 def _lc_kwargs(value: Serializable, spec: _LcSpec) -> dict[str, Any]:
-    """The constructor kwargs LangChain's ``to_json`` would write, without its overhead."""
+    """The constructor kwargs that rebuild ``value``: the fields it was given or that differ
+    from their defaults, its extra fields, and what its ``lc_attributes`` always include."""
     if spec.slow:
         data = value.to_json()
         if data.get("type") != "constructor":
@@ -171,20 +250,23 @@ def _lc_kwargs(value: Serializable, spec: _LcSpec) -> dict[str, Any]:
             raise _Refused(f"{type(value).__qualname__} holds secrets that LangChain's loader would drop")
         return kwargs
     attrs = value.__dict__
+    given = value.model_fields_set
     kwargs = {}
     for name, required, default in spec.fields:
         item = attrs.get(name)
-        if required or _useful(item, default):
+        if required or name in given or _useful(item, default):
             kwargs[name] = item
     for getter in spec.attribute_getters:
         kwargs.update(getter(value))
+    if value.__pydantic_extra__:
+        kwargs.update(value.__pydantic_extra__)
     return kwargs
 
 
 def _useful(item: object, default: object) -> bool:
-    """Whether a field must be written: set to something other than its default."""
+    """Whether a field left unset still needs writing: it no longer holds its default."""
     try:
-        return type(item) is not type(default) or bool(item) or bool(item != default)
+        return type(item) is not type(default) or bool(item != default)
     except Exception:
         return True
 
@@ -277,6 +359,21 @@ def _unencodable_text(tree: object, path: str = "") -> str | None:
         if found is not None:
             return found
     return None
+
+
+def _plain(tree: Any) -> bool:
+    """Whether a parsed JSON tree holds no envelope (a one-key object whose key starts ``~``)."""
+    if type(tree) is dict:
+        if len(tree) == 1 and next(iter(tree))[:1] == "~":
+            return False
+        items = tree.values()
+    else:
+        items = tree
+    for item in items:
+        kind = type(item)
+        if (kind is dict or kind is list) and not _plain(item):
+            return False
+    return True
 
 
 def _text(payload: object) -> str:
@@ -527,22 +624,49 @@ class FaithfulCodec:
                 read back (unknown kind, a class this host cannot or may not load, a zone
                 key missing from this host's database). Never a silent ``None`` or dict.
         """
+        raw = data.encode() if isinstance(data, str) else bytes(data)
+        if raw.startswith(_LC_PREFIX):
+            revived = self._revive_plain(raw)
+            if revived is not _NOT_PLAIN:
+                return revived
         try:
-            tree = orjson.loads(data)
+            tree = orjson.loads(raw)
         except orjson.JSONDecodeError as exc:
             raise CheckpointSerializationError(f"stored value is not JSON: {exc}") from exc
-        # Every envelope key starts with the bytes `"~`. Bytes without them hold plain JSON,
-        # and bytes with exactly one, in a LangChain envelope, hold plain constructor kwargs:
-        # neither needs walking. (A string containing `"~` only costs the full walk.)
-        marks = data.count(b'"~') if isinstance(data, bytes) else data.count('"~')
-        if marks == 0:
+        # Every envelope key starts with the bytes `"~`; bytes without them hold plain JSON
+        # that needs no walking. (A string containing `"~` only costs the walk.)
+        if _MARK not in raw:
             return tree
-        if marks == 1 and type(tree) is dict and "~lc" in tree:
-            try:
-                return self._revive(tree["~lc"], walk=False)
-            except _Refused as refused:
-                raise refused.error() from None
         return self.from_json(tree)
+
+    def _revive_plain(self, raw: bytes) -> object:
+        """Revive a LangChain envelope whose kwargs hold no envelope, without a tree walk.
+
+        The hot path of every message read: the class is found from the id's bytes, and
+        only the kwargs are parsed. Anything unusual returns ``_NOT_PLAIN`` (full decode).
+        """
+        end = raw.find(b"],", len(_LC_PREFIX))
+        stop = len(raw) - 2
+        if end < 0 or not raw.endswith(b"]}"):
+            return _NOT_PLAIN
+        try:
+            id_bytes = raw[len(_LC_PREFIX) : end + 1]
+            found = _LC_BY_BYTES.get(id_bytes)
+            if found is None:
+                found = _LC_BY_BYTES[id_bytes] = _lc_class_by_bytes(id_bytes)
+            cls, key = found
+            kwargs = orjson.loads(memoryview(raw)[end + 2 : stop])
+            if type(kwargs) is not dict or not _plain(kwargs):
+                return _NOT_PLAIN
+            if _LC_VALIDATOR is not None:
+                _LC_VALIDATOR(key, kwargs)
+            return _rebuilder(cls)(kwargs)
+        except _Refused as refused:
+            raise refused.error() from None
+        except orjson.JSONDecodeError:
+            return _NOT_PLAIN
+        except Exception as exc:
+            raise CheckpointSerializationError(f"cannot revive a LangChain object: {exc}") from exc
 
     def from_json(self, tree: object) -> Any:
         """Decode the JSON-native structure :meth:`to_json` returned."""
@@ -669,7 +793,7 @@ class FaithfulCodec:
         try:
             if _LC_VALIDATOR is not None:
                 _LC_VALIDATOR(key, decoded)
-            return cls(**decoded)
+            return _rebuilder(cls)(decoded)
         except Exception as exc:
             raise _Refused(f"cannot revive {'.'.join(key)}: {exc}") from exc
 

@@ -61,9 +61,9 @@ class SqlDialect(Protocol):
 
     NAME: str
     PROBE_WIDTH: int
+    INSERT_THREAD: str
     THREAD_FOR_WRITE: str
     THREAD_FOR_READ: str
-    HEAD: str
     PROBE_LINKS: str
     INSERT_MESSAGE: str
     INSERT_LINK: str
@@ -74,8 +74,7 @@ class SqlDialect(Protocol):
     UPSERT_WRITE: str
     SELECT_LATEST: str
     SELECT_CHECKPOINT: str
-    SELECT_BLOBS: str
-    SELECT_WRITES: str
+    SELECT_VALUES: str
     SELECT_CHAIN: str
     LIST_THREAD: str
     LIST_ALL: str
@@ -109,21 +108,32 @@ class SqlDialect(Protocol):
 # --- writes ------------------------------------------------------------------------------
 
 
-def _thread_for_write(q: SqlDialect, thread_id: str, actor: Actor, now: float) -> Program[int]:
-    """Create or touch the thread row (its waiting clock restarts) and check its owner."""
-    rows = yield Sql(q.THREAD_FOR_WRITE, {"thread_id": thread_id, "owner": actor.user_id, "now": now})
-    tid, owner = rows[0]
+def _thread_for_write(
+    q: SqlDialect,
+    thread_id: str,
+    actor: Actor,
+    now: float,
+    *,
+    checkpoint_ns: str = "",
+    checkpoint_id: str | None = None,
+) -> Program[tuple[int, str | None, bool]]:
+    """Create the thread if new, lock it, check its owner (W3); return its key and the head
+    of ``checkpoint_ns`` (W2), and whether ``checkpoint_id`` is stored already."""
+    yield Sql(q.INSERT_THREAD, {"thread_id": thread_id, "owner": actor.user_id, "now": now})
+    ((tid, owner, head_id, stored),) = yield Sql(
+        q.THREAD_FOR_WRITE,
+        {"thread_id": thread_id, "checkpoint_ns": checkpoint_ns, "checkpoint_id": checkpoint_id},
+    )
     check_owner(thread_id=thread_id, owner=owner, user_id=actor.user_id, enforce=actor.checks_owner)
-    return int(tid)
+    return int(tid), head_id, bool(stored)
 
 
 def put(q: SqlDialect, step: PutStep) -> Program[RunnableConfig]:
     """Store one checkpoint, its changed channels and its new messages (SPEC W1, W2, S1-S3)."""
     target = step.target
     ns = target.checkpoint_ns
-    tid = yield from _thread_for_write(q, target.thread_id, target.actor, step.now)
-    ((head_id, stored),) = yield Sql(
-        q.HEAD, {"tid": tid, "checkpoint_ns": ns, "checkpoint_id": step.checkpoint_id}
+    tid, head_id, stored = yield from _thread_for_write(
+        q, target.thread_id, target.actor, step.now, checkpoint_ns=ns, checkpoint_id=step.checkpoint_id
     )
     check_head(
         thread_id=target.thread_id,
@@ -131,7 +141,7 @@ def put(q: SqlDialect, step: PutStep) -> Program[RunnableConfig]:
         parent_id=step.parent_id,
         checkpoint_id=step.checkpoint_id,
         head_id=head_id,
-        already_stored=bool(stored),
+        already_stored=stored,
         source=step.source,
         branch_from=step.branch_from,
     )
@@ -221,7 +231,7 @@ def put_writes(q: SqlDialect, step: WritesStep) -> Program[None]:
     history limit, writes whose checkpoint was already pruned are dropped with it.
     """
     target = step.target
-    tid = yield from _thread_for_write(q, target.thread_id, target.actor, step.now)
+    tid, _, _ = yield from _thread_for_write(q, target.thread_id, target.actor, step.now)
     base = {"tid": tid, "checkpoint_ns": target.checkpoint_ns, "checkpoint_id": target.checkpoint_id}
     if step.history_limit is not None:
         ((pruned,),) = yield Sql(q.WRITES_TARGET_PRUNED, {**base, "offset": step.history_limit - 1})
@@ -302,25 +312,32 @@ def _load(
     branch: bool,
 ) -> Program[CheckpointTuple]:
     versions: Mapping[str, object] = structure.get("channel_versions") or {}
-    values: dict[str, Any] = {}
-    if versions:
-        pairs = [(channel, version_key(version)) for channel, version in versions.items()]
-        blobs = yield Sql(
-            q.SELECT_BLOBS, {"tid": tid, "checkpoint_ns": checkpoint_ns, "pairs": q.pairs(pairs)}
-        )
-        for channel, kind, payload in blobs:
-            path = f"channel_values.{channel}"
-            if kind == EMPTY_TYPE:
-                continue
-            if kind == CHAIN_TYPE:
-                values[channel] = yield from _load_chain(
-                    q, serde, content, tid=tid, ref=bytes(payload), path=path
-                )
-            else:
-                values[channel] = decode_value(serde, kind, payload, path)
-    writes = yield Sql(
-        q.SELECT_WRITES, {"tid": tid, "checkpoint_ns": checkpoint_ns, "checkpoint_id": checkpoint_id}
+    pairs = [(channel, version_key(version)) for channel, version in versions.items()]
+    rows = yield Sql(
+        q.SELECT_VALUES,
+        {
+            "tid": tid,
+            "checkpoint_ns": checkpoint_ns,
+            "checkpoint_id": checkpoint_id,
+            "pairs": q.pairs(pairs),
+        },
     )
+    values: dict[str, Any] = {}
+    writes = []
+    for is_write, channel, kind, payload, task_id, task_path, idx in rows:
+        if is_write:
+            writes.append((task_path, task_id, idx, channel, kind, payload))
+            continue
+        path = f"channel_values.{channel}"
+        if kind == EMPTY_TYPE:
+            continue
+        if kind == CHAIN_TYPE:
+            values[channel] = yield from _load_chain(
+                q, serde, content, tid=tid, ref=bytes(payload), path=path
+            )
+        else:
+            values[channel] = decode_value(serde, kind, payload, path)
+    writes.sort(key=lambda write: write[:3])
     return assemble(
         thread_id=thread_id,
         checkpoint_ns=checkpoint_ns,
@@ -331,7 +348,7 @@ def _load(
         channel_values=values,
         pending_writes=[
             (task_id, channel, decode_value(serde, kind, payload, f"pending_writes.{channel}"))
-            for task_id, channel, kind, payload in writes
+            for _, task_id, _, channel, kind, payload in writes
         ],
         branch=branch,
     )
@@ -481,7 +498,7 @@ def copy_thread(q: SqlDialect, source: str, target: str, actor: Actor, now: floa
     source_tid = yield from _thread_tid(q, source, actor.owner_filter)
     if source_tid is None:
         return False
-    target_tid = yield from _thread_for_write(q, target, actor, now)
+    target_tid, _, _ = yield from _thread_for_write(q, target, actor, now)
     for statement in q.COPY_THREAD:
         yield Sql(statement, {"source": source_tid, "target": target_tid})
     return True

@@ -13,11 +13,22 @@ PROBE_WIDTH = 32
 
 # --- threads -----------------------------------------------------------------------------
 
+# A write first makes sure its thread exists (owned by the writer if new) ...
+INSERT_THREAD = """
+INSERT INTO tk_threads (thread_id, owner, created_at) VALUES (:thread_id, :owner, :now)
+ON CONFLICT (thread_id) DO NOTHING
+"""
+
+# ... then reads its owner and the head of the namespace it writes; nothing is rewritten.
+# (SQLite's write lock, taken by BEGIN IMMEDIATE, already serializes writers.)
 THREAD_FOR_WRITE = """
-INSERT INTO tk_threads (thread_id, owner, created_at, updated_at)
-VALUES (:thread_id, :owner, :now, :now)
-ON CONFLICT (thread_id) DO UPDATE SET updated_at = excluded.updated_at
-RETURNING tid, owner
+SELECT t.tid, t.owner,
+    (SELECT c.checkpoint_id FROM tk_checkpoints AS c
+     WHERE c.tid = t.tid AND c.checkpoint_ns = :checkpoint_ns
+     ORDER BY c.checkpoint_id DESC LIMIT 1),
+    EXISTS (SELECT 1 FROM tk_checkpoints AS c
+            WHERE c.tid = t.tid AND c.checkpoint_ns = :checkpoint_ns AND c.checkpoint_id = :checkpoint_id)
+FROM tk_threads AS t WHERE t.thread_id = :thread_id
 """
 
 THREAD_FOR_READ = """
@@ -26,15 +37,6 @@ WHERE thread_id = :thread_id AND (:owner IS NULL OR owner = :owner)
 """
 
 # --- put ---------------------------------------------------------------------------------
-
-HEAD = """
-SELECT
-    (SELECT checkpoint_id FROM tk_checkpoints
-     WHERE tid = :tid AND checkpoint_ns = :checkpoint_ns
-     ORDER BY checkpoint_id DESC LIMIT 1),
-    EXISTS (SELECT 1 FROM tk_checkpoints
-            WHERE tid = :tid AND checkpoint_ns = :checkpoint_ns AND checkpoint_id = :checkpoint_id)
-"""
 
 PROBE_LINKS = (
     "SELECT node FROM tk_message_links WHERE tid = :tid AND node IN ("
@@ -111,16 +113,15 @@ WHERE t.thread_id = :thread_id AND (:owner IS NULL OR t.owner = :owner)
   AND c.checkpoint_ns = :checkpoint_ns AND c.checkpoint_id = :checkpoint_id
 """
 
-SELECT_BLOBS = """
-SELECT channel, type, value FROM tk_blobs
+# A checkpoint's channel values (kind 0) and its pending writes (kind 1), in one statement.
+# The program puts the writes in LangGraph's order (task_path, task_id, idx).
+SELECT_VALUES = """
+SELECT 0, channel, type, value, NULL, NULL, NULL FROM tk_blobs
 WHERE tid = :tid AND checkpoint_ns = :checkpoint_ns
   AND (channel, version) IN (SELECT value ->> 0, value ->> 1 FROM json_each(:pairs))
-"""
-
-SELECT_WRITES = """
-SELECT task_id, channel, type, value FROM tk_writes
+UNION ALL
+SELECT 1, channel, type, value, task_id, task_path, idx FROM tk_writes
 WHERE tid = :tid AND checkpoint_ns = :checkpoint_ns AND checkpoint_id = :checkpoint_id
-ORDER BY task_path, task_id, idx
 """
 
 # Walks a message chain from its tail; depth 0 is the last message. :count bounds the walk.
@@ -307,7 +308,7 @@ SELECT
 
 
 def pairs(items: list[tuple[str, str]]) -> object:
-    """The ``:pairs`` parameter of :data:`SELECT_BLOBS`: (channel, version) pairs."""
+    """The ``:pairs`` parameter of :data:`SELECT_VALUES`: (channel, version) pairs."""
     return orjson.dumps(items).decode()
 
 

@@ -1,14 +1,13 @@
 -- threadkeep SQLite schema, version 1.
 -- tid is a thread's surrogate key: every other table repeats 8 bytes, not the thread id.
+-- A step never rewrites its thread's row: a thread's last write is its newest checkpoint.
 CREATE TABLE tk_threads (
     tid INTEGER PRIMARY KEY,
     thread_id TEXT NOT NULL UNIQUE,
     owner TEXT NOT NULL,
-    created_at REAL NOT NULL,
-    updated_at REAL NOT NULL
+    created_at REAL NOT NULL
 );
 CREATE INDEX tk_threads_owner ON tk_threads (owner);
-CREATE INDEX tk_threads_updated ON tk_threads (updated_at);
 
 -- One row per checkpoint; its channel values live in tk_blobs (only channels that changed).
 CREATE TABLE tk_checkpoints (

@@ -1,0 +1,83 @@
+"""C1 for LangChain messages: every field, its type and its 'set' mark survive a round trip,
+and the fast rebuild of trusted message classes equals LangChain's own constructor."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from hypothesis import given
+from hypothesis import settings as hypothesis_settings
+from hypothesis import strategies as st
+from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, ToolMessage
+
+from threadkeep.codec import FaithfulCodec
+from threadkeep.codec.faithful import _lc_class, _lc_kwargs, _lc_spec, _rebuilder
+
+CODEC = FaithfulCodec()
+TEXT = st.text(max_size=40)
+JSONISH = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**40), 2**40) | TEXT,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(TEXT, inner, max_size=3),
+    max_leaves=8,
+)
+KWARGS = st.dictionaries(
+    st.sampled_from(["a", "b", "when", "nested"]),
+    JSONISH | st.just(datetime(2024, 1, 1, tzinfo=UTC)),
+    max_size=3,
+)
+CONTENT = TEXT | st.lists(st.fixed_dictionaries({"type": st.just("text"), "text": TEXT}), max_size=2)
+IDS = st.none() | st.uuids().map(str)
+TOOL_CALLS = st.lists(
+    st.fixed_dictionaries(
+        {
+            "name": st.sampled_from(["lookup", "charge"]),
+            "args": st.dictionaries(TEXT, JSONISH, max_size=2),
+            "id": st.uuids().map(str),
+        }
+    ),
+    max_size=2,
+)
+
+MESSAGES = st.one_of(
+    st.builds(HumanMessage, content=CONTENT, id=IDS, additional_kwargs=KWARGS, name=st.none() | TEXT),
+    st.builds(SystemMessage, content=CONTENT, id=IDS),
+    st.builds(AIMessage, content=CONTENT, id=IDS, tool_calls=TOOL_CALLS, additional_kwargs=KWARGS),
+    st.builds(
+        ToolMessage,
+        content=CONTENT,
+        tool_call_id=st.uuids().map(str),
+        id=IDS,
+        status=st.sampled_from(["success", "error"]),
+        artifact=st.none() | JSONISH,
+    ),
+    st.builds(
+        lambda extra: AIMessage(content="with extra", **extra),
+        st.dictionaries(st.sampled_from(["foo", "bar"]), JSONISH, min_size=1),
+    ),
+)
+
+
+@hypothesis_settings(max_examples=300, deadline=None)
+@given(MESSAGES)
+def test_c1_messages_round_trip_with_fields_types_and_set_marks(message: Any) -> None:
+    back = CODEC.decode(CODEC.encode(message))
+    assert type(back) is type(message)
+    assert back == message
+    assert back.model_fields_set == message.model_fields_set | {
+        name for name in ("tool_calls", "invalid_tool_calls") if name in type(message).model_fields
+    }
+    assert back.__pydantic_extra__ == message.__pydantic_extra__
+
+
+@hypothesis_settings(max_examples=300, deadline=None)
+@given(MESSAGES)
+def test_c1_fast_rebuild_equals_the_langchain_constructor(message: Any) -> None:
+    cls = type(message)
+    kwargs = CODEC.from_json(CODEC.to_json(_lc_kwargs(message, _lc_spec(cls))))
+    rebuilt = _rebuilder(cls)(dict(kwargs))
+    constructed = cls(**dict(kwargs))
+    assert rebuilt == constructed
+    assert rebuilt.model_fields_set == constructed.model_fields_set
+    assert rebuilt.model_dump() == constructed.model_dump()
+    assert _lc_class(tuple(cls.lc_id())) is cls
