@@ -57,6 +57,10 @@ class SqliteEngine:
         self._idle: list[sqlite3.Connection] = []
         self._open: list[sqlite3.Connection] = []
         self._guard = threading.Lock()
+        # SQLite admits one writer; a second one waits in its busy handler, which sleeps
+        # 1 ms, 2 ms, 5 ms, ... between tries. Writers of this process queue here instead
+        # and start the moment the lock is free (other processes still use busy_timeout).
+        self._writer = threading.Lock()
         self._closed = False
         if not self.memory:
             folder = Path(path).expanduser().parent
@@ -111,6 +115,12 @@ class SqliteEngine:
 
     def run(self, make: ProgramFactory[T], *, write: bool = False) -> T:
         """Run one program in one transaction; roll back everything if it fails."""
+        if write:
+            with self._writer:
+                return self._run(make, write=True)
+        return self._run(make, write=False)
+
+    def _run(self, make: ProgramFactory[T], *, write: bool) -> T:
         conn = self._acquire()
         try:
             conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
