@@ -5,17 +5,17 @@ from __future__ import annotations
 from langchain_core.messages import AIMessage, HumanMessage
 
 from threadkeep.codec.serde import build_serde
-from threadkeep.core.messages import ContentCache, EncodingMemo, build_chain, chain_ref, parse_chain_ref
+from threadkeep.core.messages import ContentCache, EncodingMemo, MessageChain, chain_ref, parse_chain_ref
 
 SERDE = build_serde()
 
 
 def test_s1_lists_sharing_a_prefix_share_its_links() -> None:
     first = [HumanMessage("a", id="1"), AIMessage("b", id="2")]
-    longer = build_chain("messages", "2", [*first, HumanMessage("c", id="3")], SERDE)
-    shorter = build_chain("messages", "1", first, SERDE)
+    longer = MessageChain("messages", "2", [*first, HumanMessage("c", id="3")], SERDE)
+    shorter = MessageChain("messages", "1", first, SERDE)
     assert longer.nodes[:2] == shorter.nodes
-    edited = build_chain("messages", "3", [HumanMessage("a!", id="1"), *first[1:]], SERDE)
+    edited = MessageChain("messages", "3", [HumanMessage("a!", id="1"), *first[1:]], SERDE)
     assert edited.nodes[0] != shorter.nodes[0]
     assert edited.digests[1] == shorter.digests[1]  # the same message is stored once
     assert parse_chain_ref(chain_ref(longer)) == (longer.tail, 3)
@@ -24,15 +24,15 @@ def test_s1_lists_sharing_a_prefix_share_its_links() -> None:
 def test_s1_memo_reuses_digests_of_unchanged_objects_only() -> None:
     memo = EncodingMemo()
     messages = [HumanMessage("hello", id="1"), AIMessage("hi", id="2", additional_kwargs={"k": [1]})]
-    first = build_chain("messages", "1", messages, SERDE, memo=memo, memo_key=("t", "", "messages"))
+    first = MessageChain("messages", "1", messages, SERDE, memo=memo, memo_key=("t", "", "messages"))
     assert len(first.encoded()) == 2
-    again = build_chain("messages", "2", messages, SERDE, memo=memo, memo_key=("t", "", "messages"))
+    again = MessageChain("messages", "2", messages, SERDE, memo=memo, memo_key=("t", "", "messages"))
     assert again.encoded() == []  # nothing encoded again
     assert again.digests == first.digests
 
     messages[0].content = "hello, edited"  # mutated in place
     messages[1].additional_kwargs["k"] = (1,)  # a tuple where a list was: same JSON, other type
-    edited = build_chain("messages", "3", messages, SERDE, memo=memo, memo_key=("t", "", "messages"))
+    edited = MessageChain("messages", "3", messages, SERDE, memo=memo, memo_key=("t", "", "messages"))
     assert [position for position, _ in edited.encoded()] == [0, 1]
     assert edited.digests[0] != first.digests[0]
     assert edited.digests[1] != first.digests[1]
@@ -42,14 +42,14 @@ def test_s1_memo_is_per_list_and_bounded() -> None:
     memo = EncodingMemo(lists=2)
     message = HumanMessage("x", id="1")
     for thread in ("a", "b", "c"):
-        build_chain("messages", "1", [message], SERDE, memo=memo, memo_key=(thread, "", "messages"))
+        MessageChain("messages", "1", [message], SERDE, memo=memo, memo_key=(thread, "", "messages"))
     assert memo.previous(("a", "", "messages")).digests == {}
     assert id(message) in memo.previous(("c", "", "messages")).digests
 
 
 def test_s1_content_cache_returns_lists_only_when_it_holds_every_payload() -> None:
     cache = ContentCache(max_lists=4, max_bytes=10_000)
-    chain = build_chain("messages", "1", [HumanMessage("a" * 100, id="1"), AIMessage("b", id="2")], SERDE)
+    chain = MessageChain("messages", "1", [HumanMessage("a" * 100, id="1"), AIMessage("b", id="2")], SERDE)
     cache.keep_chain(chain)
     assert cache.messages(chain.tail) == [chain.payload(0), chain.payload(1)]
     assert cache.messages(b"\0" * 16) is None
@@ -57,11 +57,11 @@ def test_s1_content_cache_returns_lists_only_when_it_holds_every_payload() -> No
 
 def test_s1_content_cache_is_bounded_in_bytes() -> None:
     cache = ContentCache(max_lists=100, max_bytes=4_000)  # payloads over 500 bytes are never kept
-    chains = [build_chain("m", str(i), [HumanMessage("x" * 300, id=str(i))], SERDE) for i in range(20)]
+    chains = [MessageChain("m", str(i), [HumanMessage("x" * 300, id=str(i))], SERDE) for i in range(20)]
     for chain in chains:
         cache.keep_chain(chain)
     assert cache.messages(chains[0].tail) is None  # its payload was dropped
     assert cache.messages(chains[-1].tail) is not None
-    too_big = build_chain("m", "big", [HumanMessage("y" * 600, id="big")], SERDE)
+    too_big = MessageChain("m", "big", [HumanMessage("y" * 600, id="big")], SERDE)
     cache.keep_chain(too_big)
     assert cache.messages(too_big.tail) is None

@@ -32,7 +32,6 @@ __all__ = [
     "ContentCache",
     "EncodingMemo",
     "MessageChain",
-    "build_chain",
     "chain_ref",
     "is_message_list",
     "parse_chain_ref",
@@ -149,23 +148,23 @@ class ContentCache:
 
     def keep(self, tail: bytes, messages: Sequence[tuple[bytes, str, bytes]]) -> None:
         """Remember the list ending at ``tail`` and the payloads of its messages."""
-        with self._guard:
-            self._lists[tail] = tuple(digest for digest, _, _ in messages)
-            self._lists.move_to_end(tail)
-            while len(self._lists) > self.max_lists:
-                self._lists.popitem(last=False)
-            for digest, kind, payload in messages:
-                self._keep_payload(digest, kind, payload)
+        self._keep(tail, tuple(digest for digest, _, _ in messages), messages)
 
     def keep_chain(self, chain: MessageChain) -> None:
         """Remember what a put encoded: its list, and the payloads it has at hand."""
+        encoded = [(chain.digests[position], *payload) for position, payload in chain.encoded()]
+        self._keep(chain.tail, chain.digests, encoded)
+
+    def _keep(
+        self, tail: bytes, digests: tuple[bytes, ...], payloads: Sequence[tuple[bytes, str, bytes]]
+    ) -> None:
         with self._guard:
-            self._lists[chain.tail] = chain.digests
-            self._lists.move_to_end(chain.tail)
+            self._lists[tail] = digests
+            self._lists.move_to_end(tail)
             while len(self._lists) > self.max_lists:
                 self._lists.popitem(last=False)
-            for position, (kind, payload) in chain.encoded():
-                self._keep_payload(chain.digests[position], kind, payload)
+            for digest, kind, payload in payloads:
+                self._keep_payload(digest, kind, payload)
 
     def _keep_payload(self, digest: bytes, kind: str, payload: bytes) -> None:
         if digest in self._payloads:
@@ -181,7 +180,11 @@ class ContentCache:
 
 
 class MessageChain:
-    """One message list, encoded: per position its link node and message digest.
+    """One message list, encoded (reusing what ``memo`` remembers of list ``memo_key``):
+    per position its link node and message digest.
+
+    Raises:
+        CheckpointSerializationError: a message cannot be stored; the path names its index.
 
     Payloads of messages encoded for this put are kept; a memoized message is encoded again
     only if the store turns out not to hold it (:meth:`payload`).
@@ -252,23 +255,6 @@ class MessageChain:
         if position not in self._payloads:
             self._payloads[position] = self._encode(position)
         return self._payloads[position]
-
-
-def build_chain(
-    channel: str,
-    version: str,
-    messages: Sequence[Any],
-    serde: SerializerProtocol,
-    *,
-    memo: EncodingMemo | None = None,
-    memo_key: tuple[str, ...] = (),
-) -> MessageChain:
-    """Encode ``messages`` (reusing what ``memo`` remembers of list ``memo_key``) as a chain.
-
-    Raises:
-        CheckpointSerializationError: a message cannot be stored; the path names its index.
-    """
-    return MessageChain(channel, version, messages, serde, memo=memo, memo_key=memo_key)
 
 
 def chain_ref(chain: MessageChain) -> bytes:

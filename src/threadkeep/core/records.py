@@ -29,7 +29,6 @@ from threadkeep.core.messages import (
     ContentCache,
     EncodingMemo,
     MessageChain,
-    build_chain,
     chain_ref,
     is_message_list,
 )
@@ -176,7 +175,7 @@ def prepare_put(
         if is_message_list(value):
             try:
                 memo_key = (target.thread_id, target.checkpoint_ns, channel)
-                chain = build_chain(channel, key, value, serde, memo=memo, memo_key=memo_key)
+                chain = MessageChain(channel, key, value, serde, memo=memo, memo_key=memo_key)
                 if content is not None:
                     content.keep_chain(chain)
             except CheckpointSerializationError as error:
