@@ -1,4 +1,4 @@
-"""``python -m bench [conversation] [--runs N] [--turns 5,10,20,40] [--json PATH]``."""
+"""``./dev bench [conversation] [--runs N] [--turns 5,10,20,40] [--json PATH]``."""
 
 from __future__ import annotations
 
