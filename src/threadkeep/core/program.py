@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
-__all__ = ["Engine", "Program", "ProgramFactory", "Sql", "SqlMany", "drive", "drive_async"]
+__all__ = ["Batch", "Engine", "Program", "ProgramFactory", "Sql", "SqlMany", "drive", "drive_async"]
 
 T = TypeVar("T")
 T_co = TypeVar("T_co", covariant=True)
@@ -36,6 +36,17 @@ class SqlMany:
 
     sql: str
     rows: Sequence[Mapping[str, object]]
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """Run statements in order; the program receives the list of their results.
+
+    The program needs none of the results before the last statement is sent, so an engine
+    may send them all at once (Postgres pipeline mode: one round trip instead of one each).
+    """
+
+    requests: tuple[Sql | SqlMany, ...]
 
 
 class Engine(Protocol):

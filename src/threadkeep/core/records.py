@@ -59,8 +59,19 @@ STRUCTURE: Final = FaithfulCodec()
 
 
 def version_key(version: object) -> str:
-    """The text a channel version is stored under."""
-    return version if isinstance(version, str) else str(version)
+    """The text a channel version is stored under, as SQL renders the JSON value too.
+
+    Raises:
+        CheckpointSerializationError: the version is neither a string nor an integer.
+    """
+    if type(version) is str:
+        return version
+    if type(version) is int:
+        return str(version)
+    raise CheckpointSerializationError(
+        f"channel version {version!r} is a {type(version).__name__}; threadkeep stores string "
+        "or integer versions (LangGraph's own and threadkeep's get_next_version produce strings)"
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,7 +16,7 @@ from langgraph.checkpoint.serde.base import SerializerProtocol
 
 from threadkeep.core.identity import Actor
 from threadkeep.core.messages import CHAIN_TYPE, ContentCache, MessageChain, parse_chain_ref
-from threadkeep.core.program import Program, Sql, SqlMany
+from threadkeep.core.program import Batch, Program, Sql, SqlMany
 from threadkeep.core.records import (
     EMPTY_TYPE,
     ListQuery,
@@ -27,7 +27,6 @@ from threadkeep.core.records import (
     decode_structure,
     decode_value,
     matches_filter,
-    version_key,
 )
 from threadkeep.core.rules import check_head, check_owner
 from threadkeep.errors import CheckpointSerializationError, CheckpointStoreFormatError
@@ -57,10 +56,14 @@ _FORMAT_KEY = "format_generation"
 
 
 class SqlDialect(Protocol):
-    """What a SQL backend supplies: statement texts and list-parameter adapters."""
+    """What a SQL backend supplies: statement texts and list-parameter adapters.
+
+    Every statement takes named parameters; the programs below say which.
+    """
 
     NAME: str
     PROBE_WIDTH: int
+    LOCK_SCHEMA: str
     INSERT_THREAD: str
     THREAD_FOR_WRITE: str
     THREAD_FOR_READ: str
@@ -69,12 +72,14 @@ class SqlDialect(Protocol):
     INSERT_LINK: str
     UPSERT_BLOB: str
     UPSERT_CHECKPOINT: str
+    DELETE_CHECKPOINTS_BEYOND: str
+    DELETE_WRITES_BEYOND: str
+    COLLECT_BLOBS: str
     WRITES_TARGET_PRUNED: str
     INSERT_WRITE: str
     UPSERT_WRITE: str
-    SELECT_LATEST: str
-    SELECT_CHECKPOINT: str
-    SELECT_VALUES: str
+    SELECT_STATE_LATEST: str
+    SELECT_STATE_AT: str
     SELECT_CHAIN: str
     LIST_THREAD: str
     LIST_ALL: str
@@ -83,12 +88,6 @@ class SqlDialect(Protocol):
     DELETE_CHECKPOINT: str
     DELETE_CHECKPOINT_WRITES: str
     SELECT_NAMESPACES: str
-    SELECT_KEEP_CUTOFF: str
-    DELETE_CHECKPOINTS_BEFORE: str
-    DELETE_WRITES_BEFORE: str
-    SELECT_REFERENCED_VERSIONS: str
-    SELECT_BLOB_KEYS: str
-    DELETE_BLOB: str
     COPY_THREAD: tuple[str, ...]
     SELECT_TABLES: str
     SELECT_META: str
@@ -100,40 +99,39 @@ class SqlDialect(Protocol):
     RESET: tuple[str, ...]
     STATS: str
 
-    def pairs(self, items: list[tuple[str, str]]) -> object: ...
-
     def text_list(self, items: list[str]) -> object: ...
+
+    def metadata_filter(self, wanted: object) -> object: ...
 
 
 # --- writes ------------------------------------------------------------------------------
 
 
-def _thread_for_write(
-    q: SqlDialect,
-    thread_id: str,
-    actor: Actor,
-    now: float,
-    *,
-    checkpoint_ns: str = "",
-    checkpoint_id: str | None = None,
-) -> Program[tuple[int, str | None, bool]]:
-    """Create the thread if new, lock it, check its owner (W3); return its key and the head
-    of ``checkpoint_ns`` (W2), and whether ``checkpoint_id`` is stored already."""
-    yield Sql(q.INSERT_THREAD, {"thread_id": thread_id, "owner": actor.user_id, "now": now})
-    ((tid, owner, head_id, stored),) = yield Sql(
-        q.THREAD_FOR_WRITE,
-        {"thread_id": thread_id, "checkpoint_ns": checkpoint_ns, "checkpoint_id": checkpoint_id},
-    )
-    check_owner(thread_id=thread_id, owner=owner, user_id=actor.user_id, enforce=actor.checks_owner)
-    return int(tid), head_id, bool(stored)
-
-
 def put(q: SqlDialect, step: PutStep) -> Program[RunnableConfig]:
-    """Store one checkpoint, its changed channels and its new messages (SPEC W1, W2, S1-S3)."""
+    """Store one checkpoint, its changed channels and its new messages (SPEC W1, W2, S1-S3).
+
+    Two batches: the thread, its owner and head and a probe of each message list; then every
+    row of the step. Nothing is written before both rules (W2, W3) have passed.
+    """
     target = step.target
     ns = target.checkpoint_ns
-    tid, head_id, stored = yield from _thread_for_write(
-        q, target.thread_id, target.actor, step.now, checkpoint_ns=ns, checkpoint_id=step.checkpoint_id
+    thread = {"thread_id": target.thread_id, "owner": target.actor.user_id, "now": step.now}
+    results = yield Batch(
+        (
+            Sql(q.INSERT_THREAD, thread),
+            Sql(
+                q.THREAD_FOR_WRITE,
+                {"thread_id": target.thread_id, "checkpoint_ns": ns, "checkpoint_id": step.checkpoint_id},
+            ),
+            *(_probe(q, target.thread_id, chain.nodes, len(chain.nodes)) for chain in step.chains),
+        )
+    )
+    ((tid, owner, head_id, stored),) = results[1]
+    check_owner(
+        thread_id=target.thread_id,
+        owner=owner,
+        user_id=target.actor.user_id,
+        enforce=target.actor.checks_owner,
     )
     check_head(
         thread_id=target.thread_id,
@@ -141,87 +139,112 @@ def put(q: SqlDialect, step: PutStep) -> Program[RunnableConfig]:
         parent_id=step.parent_id,
         checkpoint_id=step.checkpoint_id,
         head_id=head_id,
-        already_stored=stored,
+        already_stored=bool(stored),
         source=step.source,
         branch_from=step.branch_from,
     )
-    for chain in step.chains:
-        yield from _store_chain(q, tid, chain)
+    rows: list[Sql | SqlMany] = []
+    for chain, probed in zip(step.chains, results[2:], strict=True):
+        known = yield from _stored_prefix(q, target.thread_id, chain.nodes, probed)
+        rows.extend(_chain_rows(q, int(tid), chain, known))
     if step.blobs:
-        yield SqlMany(
-            q.UPSERT_BLOB,
-            [
-                {
-                    "tid": tid,
-                    "checkpoint_ns": ns,
-                    "channel": blob.channel,
-                    "version": blob.version,
-                    "type": blob.type,
-                    "value": blob.value,
-                }
-                for blob in step.blobs
-            ],
+        rows.append(
+            SqlMany(
+                q.UPSERT_BLOB,
+                [
+                    {
+                        "tid": tid,
+                        "checkpoint_ns": ns,
+                        "channel": blob.channel,
+                        "version": blob.version,
+                        "type": blob.type,
+                        "value": blob.value,
+                    }
+                    for blob in step.blobs
+                ],
+            )
         )
-    yield Sql(
-        q.UPSERT_CHECKPOINT,
-        {
-            "tid": tid,
-            "checkpoint_ns": ns,
-            "checkpoint_id": step.checkpoint_id,
-            "parent_id": step.parent_id,
-            "run_id": step.run_id,
-            "now": step.now,
-            "checkpoint": step.checkpoint.decode(),
-            "metadata": step.metadata.decode(),
-        },
+    rows.append(
+        Sql(
+            q.UPSERT_CHECKPOINT,
+            {
+                "tid": tid,
+                "checkpoint_ns": ns,
+                "checkpoint_id": step.checkpoint_id,
+                "parent_id": step.parent_id,
+                "run_id": step.run_id,
+                "now": step.now,
+                "checkpoint": step.checkpoint.decode(),
+                "metadata": step.metadata.decode(),
+            },
+        )
     )
     if step.history_limit is not None:
-        yield from _keep_newest(q, tid, ns, step.history_limit)
+        rows.extend(_keep_newest(q, int(tid), ns, step.history_limit))
+    yield Batch(tuple(rows))
     return step.result_config()
 
 
-def _store_chain(q: SqlDialect, tid: int, chain: MessageChain) -> Program[None]:
-    known = yield from _stored_prefix(q, tid, chain.nodes)
-    fresh = range(known, len(chain.nodes))
-    if not fresh:
-        return
-    yield SqlMany(
-        q.INSERT_MESSAGE,
-        [
-            {"tid": tid, "digest": chain.digests[i], "type": kind, "value": payload}
-            for i in fresh
-            for kind, payload in (chain.payload(i),)
-        ],
-    )
-    yield SqlMany(
-        q.INSERT_LINK,
-        [
-            {"tid": tid, "node": chain.nodes[i], "prev": chain.prev(i), "digest": chain.digests[i]}
-            for i in fresh
-        ],
-    )
+def _probe(q: SqlDialect, thread_id: str, nodes: Sequence[bytes], end: int) -> Sql:
+    """Ask which of the ``PROBE_WIDTH`` links before position ``end`` are stored."""
+    window = nodes[max(0, end - q.PROBE_WIDTH) : end]
+    params: dict[str, object] = {"thread_id": thread_id}
+    for i in range(q.PROBE_WIDTH):
+        params[f"n{i}"] = window[min(i, len(window) - 1)]
+    return Sql(q.PROBE_LINKS, params)
 
 
-def _stored_prefix(q: SqlDialect, tid: int, nodes: Sequence[bytes]) -> Program[int]:
-    """How many leading links of a chain are already stored.
+def _stored_prefix(q: SqlDialect, thread_id: str, nodes: Sequence[bytes], probed: list[Any]) -> Program[int]:
+    """How many leading links of a chain are stored, given the probe of its last window.
 
-    Stored links are prefix-closed, so the newest stored link found, probing back from the
-    tail a window at a time, settles it; a step that appends a few messages needs one probe.
+    Stored links are prefix-closed, so the newest stored link in a window settles it; a
+    step that appends a few messages needs only the probe its first batch already made.
     """
-    width = q.PROBE_WIDTH
     end = len(nodes)
     while end > 0:
-        window = nodes[max(0, end - width) : end]
-        params: dict[str, object] = {"tid": tid}
-        for i in range(width):
-            params[f"n{i}"] = window[min(i, len(window) - 1)]
-        rows = yield Sql(q.PROBE_LINKS, params)
-        found = {bytes(row[0]) for row in rows}
+        window = nodes[max(0, end - q.PROBE_WIDTH) : end]
+        found = {bytes(row[0]) for row in probed}
         for offset in range(len(window) - 1, -1, -1):
             if window[offset] in found:
                 return end - len(window) + offset + 1
         end -= len(window)
+        if end > 0:
+            probed = yield _probe(q, thread_id, nodes, end)
     return 0
+
+
+def _chain_rows(q: SqlDialect, tid: int, chain: MessageChain, known: int) -> list[Sql | SqlMany]:
+    fresh = range(known, len(chain.nodes))
+    if not fresh:
+        return []
+    return [
+        SqlMany(
+            q.INSERT_MESSAGE,
+            [
+                {"tid": tid, "digest": chain.digests[i], "type": kind, "value": payload}
+                for i in fresh
+                for kind, payload in (chain.payload(i),)
+            ],
+        ),
+        SqlMany(
+            q.INSERT_LINK,
+            [
+                {"tid": tid, "node": chain.nodes[i], "prev": chain.prev(i), "digest": chain.digests[i]}
+                for i in fresh
+            ],
+        ),
+    ]
+
+
+def _keep_newest(q: SqlDialect, tid: int, ns: str, keep: int) -> list[Sql | SqlMany]:
+    """Delete all but the newest ``keep`` checkpoints of a namespace, their writes, and the
+    channel values no remaining checkpoint refers to. Messages stay with their thread."""
+    params = {"tid": tid, "checkpoint_ns": ns, "offset": keep - 1}
+    return [
+        Sql(q.DELETE_WRITES_BEYOND, params),
+        Sql(q.DELETE_CHECKPOINTS_BEYOND, params),
+        Sql(q.COLLECT_BLOBS, {"tid": tid, "checkpoint_ns": ns}),
+    ]
 
 
 def put_writes(q: SqlDialect, step: WritesStep) -> Program[None]:
@@ -231,31 +254,53 @@ def put_writes(q: SqlDialect, step: WritesStep) -> Program[None]:
     history limit, writes whose checkpoint was already pruned are dropped with it.
     """
     target = step.target
-    tid, _, _ = yield from _thread_for_write(q, target.thread_id, target.actor, step.now)
-    base = {"tid": tid, "checkpoint_ns": target.checkpoint_ns, "checkpoint_id": target.checkpoint_id}
-    if step.history_limit is not None:
-        ((pruned,),) = yield Sql(q.WRITES_TARGET_PRUNED, {**base, "offset": step.history_limit - 1})
-        if pruned:
-            return
-    rows = [
-        {
-            **base,
-            "task_id": row.task_id,
-            "idx": row.idx,
-            "task_path": row.task_path,
-            "channel": row.channel,
-            "type": row.type,
-            "value": row.value,
-            "special": row.special,
-        }
-        for row in step.rows
+    base = {
+        "thread_id": target.thread_id,
+        "checkpoint_ns": target.checkpoint_ns,
+        "checkpoint_id": target.checkpoint_id,
+    }
+    checks: list[Sql | SqlMany] = [
+        Sql(q.INSERT_THREAD, {"thread_id": target.thread_id, "owner": target.actor.user_id, "now": step.now}),
+        Sql(q.THREAD_FOR_WRITE, base),
     ]
-    regular = [{k: v for k, v in r.items() if k != "special"} for r in rows if not r["special"]]
-    special = [{k: v for k, v in r.items() if k != "special"} for r in rows if r["special"]]
+    if step.history_limit is not None:
+        checks.append(Sql(q.WRITES_TARGET_PRUNED, {**base, "offset": step.history_limit - 1}))
+    rows = [
+        (
+            write.special,
+            {
+                **base,
+                "task_id": write.task_id,
+                "idx": write.idx,
+                "task_path": write.task_path,
+                "channel": write.channel,
+                "type": write.type,
+                "value": write.value,
+            },
+        )
+        for write in step.rows
+    ]
+    inserts: list[Sql | SqlMany] = []
+    regular = [row for special, row in rows if not special]
+    special = [row for special, row in rows if special]
     if regular:
-        yield SqlMany(q.INSERT_WRITE, regular)
+        inserts.append(SqlMany(q.INSERT_WRITE, regular))
     if special:
-        yield SqlMany(q.UPSERT_WRITE, special)
+        inserts.append(SqlMany(q.UPSERT_WRITE, special))
+    if step.history_limit is None:
+        # One round trip: a refused owner raises below and rolls the inserts back.
+        results = yield Batch((*checks, *inserts))
+    else:
+        results = yield Batch(tuple(checks))
+    ((_, owner, _, _),) = results[1]
+    check_owner(
+        thread_id=target.thread_id,
+        owner=owner,
+        user_id=target.actor.user_id,
+        enforce=target.actor.checks_owner,
+    )
+    if step.history_limit is not None and not results[2][0][0]:
+        yield Batch(tuple(inserts))
 
 
 # --- reads -------------------------------------------------------------------------------
@@ -264,6 +309,108 @@ def put_writes(q: SqlDialect, step: WritesStep) -> Program[None]:
 def _thread_tid(q: SqlDialect, thread_id: str, owner: str | None) -> Program[int | None]:
     rows = yield Sql(q.THREAD_FOR_READ, {"thread_id": thread_id, "owner": owner})
     return int(rows[0][0]) if rows else None
+
+
+class _State:
+    """The rows of one SELECT_STATE statement: a checkpoint, its values and pending writes."""
+
+    def __init__(self, thread_id: str, checkpoint_ns: str, rows: list[Any], *, branch: bool) -> None:
+        self.thread_id = thread_id
+        self.checkpoint_ns = checkpoint_ns
+        self.branch = branch
+        self.values: list[tuple[str, str, bytes]] = []
+        self.writes: list[tuple[str, str, int, str, str, bytes]] = []
+        for (
+            kind,
+            tid,
+            checkpoint_id,
+            parent_id,
+            structure,
+            metadata,
+            channel,
+            vtype,
+            value,
+            task_id,
+            path,
+            idx,
+        ) in rows:
+            if kind == 0:
+                self.tid = int(tid)
+                self.checkpoint_id = checkpoint_id
+                self.parent_id = parent_id
+                self.structure = decode_structure(structure, "checkpoint")
+                self.metadata = decode_structure(metadata, "metadata")
+            elif kind == 1:
+                self.values.append((channel, vtype, bytes(value)))
+            else:
+                self.writes.append((path, task_id, idx, channel, vtype, bytes(value)))
+        self.writes.sort(key=lambda write: write[:3])
+
+    def chains(self) -> list[tuple[bytes, int]]:
+        """The (tail, length) of every message list this checkpoint refers to."""
+        return [parse_chain_ref(value) for _, vtype, value in self.values if vtype == CHAIN_TYPE]
+
+    def tuple(
+        self, serde: SerializerProtocol, lists: Mapping[bytes, list[tuple[str, bytes]]]
+    ) -> CheckpointTuple:
+        values: dict[str, Any] = {}
+        for channel, vtype, value in self.values:
+            path = f"channel_values.{channel}"
+            if vtype == EMPTY_TYPE:
+                continue
+            if vtype == CHAIN_TYPE:
+                tail, _ = parse_chain_ref(value)
+                values[channel] = [
+                    decode_value(serde, kind, payload, f"{path}[{i}]")
+                    for i, (kind, payload) in enumerate(lists[tail])
+                ]
+            else:
+                values[channel] = decode_value(serde, vtype, value, path)
+        return assemble(
+            thread_id=self.thread_id,
+            checkpoint_ns=self.checkpoint_ns,
+            checkpoint_id=self.checkpoint_id,
+            parent_id=self.parent_id,
+            structure=self.structure,
+            metadata=self.metadata,
+            channel_values=values,
+            pending_writes=[
+                (task_id, channel, decode_value(serde, vtype, value, f"pending_writes.{channel}"))
+                for _, task_id, _, channel, vtype, value in self.writes
+            ],
+            branch=self.branch,
+        )
+
+
+def _message_lists(
+    q: SqlDialect, content: ContentCache, states: Sequence[_State]
+) -> Program[dict[bytes, list[tuple[str, bytes]]]]:
+    """The (type, payload) of every message of the lists ``states`` refer to: from the content
+    cache where it holds them, else walked in the store, all walks in one batch."""
+    lists: dict[bytes, list[tuple[str, bytes]]] = {}
+    walks: list[tuple[bytes, int]] = []
+    requests: list[Sql | SqlMany] = []
+    for state in states:
+        for tail, count in state.chains():
+            if tail in lists:
+                continue
+            cached = content.messages(tail)
+            if cached is not None and len(cached) == count:
+                lists[tail] = cached
+            elif (tail, count) not in walks:
+                walks.append((tail, count))
+                requests.append(Sql(q.SELECT_CHAIN, {"tid": state.tid, "tail": tail, "count": count}))
+    if requests:
+        results = yield Batch(tuple(requests))
+        for (tail, count), rows in zip(walks, results, strict=True):
+            if len(rows) != count:
+                raise CheckpointSerializationError(
+                    f"message history is incomplete: {len(rows)} of {count} messages are stored"
+                )
+            rows.sort(key=lambda row: -row[0])
+            content.keep(tail, [(bytes(digest), kind, bytes(payload)) for _, digest, kind, payload in rows])
+            lists[tail] = [(kind, bytes(payload)) for _, _, kind, payload in rows]
+    return lists
 
 
 def get_tuple(
@@ -276,99 +423,12 @@ def get_tuple(
         "checkpoint_ns": target.checkpoint_ns,
         "checkpoint_id": target.checkpoint_id,
     }
-    rows = yield Sql(q.SELECT_LATEST if target.checkpoint_id is None else q.SELECT_CHECKPOINT, params)
+    rows = yield Sql(q.SELECT_STATE_LATEST if target.checkpoint_id is None else q.SELECT_STATE_AT, params)
     if not rows:
         return None
-    tid, checkpoint_id, parent_id, structure, metadata = rows[0]
-    return (
-        yield from _load(
-            q,
-            serde,
-            content,
-            thread_id=target.thread_id,
-            tid=int(tid),
-            checkpoint_ns=target.checkpoint_ns,
-            checkpoint_id=checkpoint_id,
-            parent_id=parent_id,
-            structure=decode_structure(structure, "checkpoint"),
-            metadata=decode_structure(metadata, "metadata"),
-            branch=target.checkpoint_id is not None,
-        )
-    )
-
-
-def _load(
-    q: SqlDialect,
-    serde: SerializerProtocol,
-    content: ContentCache,
-    *,
-    thread_id: str,
-    tid: int,
-    checkpoint_ns: str,
-    checkpoint_id: str,
-    parent_id: str | None,
-    structure: dict[str, Any],
-    metadata: dict[str, Any],
-    branch: bool,
-) -> Program[CheckpointTuple]:
-    versions: Mapping[str, object] = structure.get("channel_versions") or {}
-    pairs = [(channel, version_key(version)) for channel, version in versions.items()]
-    rows = yield Sql(
-        q.SELECT_VALUES,
-        {
-            "tid": tid,
-            "checkpoint_ns": checkpoint_ns,
-            "checkpoint_id": checkpoint_id,
-            "pairs": q.pairs(pairs),
-        },
-    )
-    values: dict[str, Any] = {}
-    writes = []
-    for is_write, channel, kind, payload, task_id, task_path, idx in rows:
-        if is_write:
-            writes.append((task_path, task_id, idx, channel, kind, payload))
-            continue
-        path = f"channel_values.{channel}"
-        if kind == EMPTY_TYPE:
-            continue
-        if kind == CHAIN_TYPE:
-            values[channel] = yield from _load_chain(
-                q, serde, content, tid=tid, ref=bytes(payload), path=path
-            )
-        else:
-            values[channel] = decode_value(serde, kind, payload, path)
-    writes.sort(key=lambda write: write[:3])
-    return assemble(
-        thread_id=thread_id,
-        checkpoint_ns=checkpoint_ns,
-        checkpoint_id=checkpoint_id,
-        parent_id=parent_id,
-        structure=structure,
-        metadata=metadata,
-        channel_values=values,
-        pending_writes=[
-            (task_id, channel, decode_value(serde, kind, payload, f"pending_writes.{channel}"))
-            for _, task_id, _, channel, kind, payload in writes
-        ],
-        branch=branch,
-    )
-
-
-def _load_chain(
-    q: SqlDialect, serde: SerializerProtocol, content: ContentCache, *, tid: int, ref: bytes, path: str
-) -> Program[list[Any]]:
-    tail, count = parse_chain_ref(ref)
-    messages = content.messages(tail)
-    if messages is None or len(messages) != count:
-        rows = yield Sql(q.SELECT_CHAIN, {"tid": tid, "tail": tail, "count": count})
-        if len(rows) != count:
-            raise CheckpointSerializationError(
-                f"message history is incomplete: {len(rows)} of {count} messages are stored", path=path
-            )
-        rows.sort(key=lambda row: -row[0])
-        content.keep(tail, [(bytes(digest), kind, bytes(payload)) for _, digest, kind, payload in rows])
-        messages = [(kind, payload) for _, _, kind, payload in rows]
-    return [decode_value(serde, kind, payload, f"{path}[{i}]") for i, (kind, payload) in enumerate(messages)]
+    state = _State(target.thread_id, target.checkpoint_ns, rows, branch=target.checkpoint_id is not None)
+    lists = yield from _message_lists(q, content, [state])
+    return state.tuple(serde, lists)
 
 
 def list_page(
@@ -382,36 +442,37 @@ def list_page(
         "checkpoint_ns": query.checkpoint_ns,
         "checkpoint_id": query.checkpoint_id,
         "before": query.before,
+        "filter": None if not query.filter else q.metadata_filter(query.filter),
         "cursor_id": cursor_id,
         "cursor_tid": cursor_tid,
         "cursor_ns": cursor_ns,
         "page_size": query.page_size,
     }
     rows = yield Sql(q.LIST_THREAD if query.thread_id is not None else q.LIST_ALL, params)
-    found: list[CheckpointTuple] = []
-    for thread_id, tid, ns, checkpoint_id, parent_id, structure, metadata in rows:
-        decoded_metadata = decode_structure(metadata, "metadata")
-        if not matches_filter(decoded_metadata, query.filter):
-            continue
-        found.append(
-            (
-                yield from _load(
-                    q,
-                    serde,
-                    content,
-                    thread_id=thread_id,
-                    tid=int(tid),
-                    checkpoint_ns=ns,
-                    checkpoint_id=checkpoint_id,
-                    parent_id=parent_id,
-                    structure=decode_structure(structure, "checkpoint"),
-                    metadata=decoded_metadata,
-                    branch=False,
+    chosen = []
+    for thread_id, _, ns, checkpoint_id, metadata in rows:
+        if matches_filter(decode_structure(metadata, "metadata"), query.filter):
+            chosen.append((thread_id, ns, checkpoint_id))
+            if query.remaining is not None and len(chosen) >= query.remaining:
+                break
+    results = []
+    if chosen:
+        results = yield Batch(
+            tuple(
+                Sql(
+                    q.SELECT_STATE_AT,
+                    {"thread_id": t, "owner": query.owner, "checkpoint_ns": ns, "checkpoint_id": c},
                 )
+                for t, ns, c in chosen
             )
         )
-        if query.remaining is not None and len(found) >= query.remaining:
-            break
+    states = [
+        _State(thread_id, ns, state_rows, branch=False)
+        for (thread_id, ns, _), state_rows in zip(chosen, results, strict=True)
+        if state_rows  # deleted between the two statements of another page: skip it
+    ]
+    lists = yield from _message_lists(q, content, states)
+    found = [state.tuple(serde, lists) for state in states]
     if not rows:
         return found, None
     last = rows[-1]
@@ -426,22 +487,22 @@ def delete_thread(q: SqlDialect, thread_id: str, owner: str | None) -> Program[b
     tid = yield from _thread_tid(q, thread_id, owner)
     if tid is None:
         return False
-    for statement in q.DELETE_THREAD:
-        yield Sql(statement, {"tid": tid})
+    yield Batch(tuple(Sql(statement, {"tid": tid}) for statement in q.DELETE_THREAD))
     return True
 
 
 def delete_for_runs(q: SqlDialect, run_ids: Sequence[str], owner: str | None) -> Program[int]:
     """Delete the checkpoints (and their writes) the given runs stored; returns how many."""
     rows = yield Sql(q.SELECT_RUN_CHECKPOINTS, {"run_ids": q.text_list(list(run_ids)), "owner": owner})
+    statements: list[Sql | SqlMany] = []
     touched: set[tuple[int, str]] = set()
     for tid, ns, checkpoint_id in rows:
         params = {"tid": tid, "checkpoint_ns": ns, "checkpoint_id": checkpoint_id}
-        yield Sql(q.DELETE_CHECKPOINT, params)
-        yield Sql(q.DELETE_CHECKPOINT_WRITES, params)
+        statements += [Sql(q.DELETE_CHECKPOINT, params), Sql(q.DELETE_CHECKPOINT_WRITES, params)]
         touched.add((int(tid), ns))
-    for tid, ns in sorted(touched):
-        yield from _collect_blobs(q, tid, ns)
+    statements += [Sql(q.COLLECT_BLOBS, {"tid": tid, "checkpoint_ns": ns}) for tid, ns in sorted(touched)]
+    if statements:
+        yield Batch(tuple(statements))
     return len(rows)
 
 
@@ -457,40 +518,9 @@ def prune(q: SqlDialect, thread_ids: Iterable[str], strategy: str, owner: str | 
         if tid is None:
             continue
         namespaces = yield Sql(q.SELECT_NAMESPACES, {"tid": tid})
-        for (ns,) in namespaces:
-            yield from _keep_newest(q, tid, ns, 1)
-
-
-def _keep_newest(q: SqlDialect, tid: int, ns: str, keep: int) -> Program[None]:
-    """Keep the newest ``keep`` checkpoints of a namespace; older ones go with their writes."""
-    rows = yield Sql(q.SELECT_KEEP_CUTOFF, {"tid": tid, "checkpoint_ns": ns, "offset": keep - 1})
-    if not rows:
-        return
-    params = {"tid": tid, "checkpoint_ns": ns, "cutoff": rows[0][0]}
-    deleted = yield Sql(q.DELETE_CHECKPOINTS_BEFORE, params)
-    yield Sql(q.DELETE_WRITES_BEFORE, params)
-    if deleted:
-        yield from _collect_blobs(q, tid, ns)
-
-
-def _collect_blobs(q: SqlDialect, tid: int, ns: str) -> Program[None]:
-    """Delete channel values no checkpoint of the namespace refers to any more.
-
-    Messages are not collected here: they stay with their thread (SPEC S3).
-    """
-    params = {"tid": tid, "checkpoint_ns": ns}
-    referenced = {
-        (channel, version_key(version))
-        for channel, version in (yield Sql(q.SELECT_REFERENCED_VERSIONS, params))
-    }
-    keys = yield Sql(q.SELECT_BLOB_KEYS, params)
-    dead = [
-        {**params, "channel": channel, "version": version}
-        for channel, version in keys
-        if (channel, version) not in referenced
-    ]
-    if dead:
-        yield SqlMany(q.DELETE_BLOB, dead)
+        statements = [statement for (ns,) in namespaces for statement in _keep_newest(q, tid, ns, 1)]
+        if statements:
+            yield Batch(tuple(statements))
 
 
 def copy_thread(q: SqlDialect, source: str, target: str, actor: Actor, now: float) -> Program[bool]:
@@ -498,9 +528,17 @@ def copy_thread(q: SqlDialect, source: str, target: str, actor: Actor, now: floa
     source_tid = yield from _thread_tid(q, source, actor.owner_filter)
     if source_tid is None:
         return False
-    target_tid, _, _ = yield from _thread_for_write(q, target, actor, now)
-    for statement in q.COPY_THREAD:
-        yield Sql(statement, {"source": source_tid, "target": target_tid})
+    results = yield Batch(
+        (
+            Sql(q.INSERT_THREAD, {"thread_id": target, "owner": actor.user_id, "now": now}),
+            Sql(q.THREAD_FOR_WRITE, {"thread_id": target, "checkpoint_ns": "", "checkpoint_id": None}),
+        )
+    )
+    ((target_tid, owner, _, _),) = results[1]
+    check_owner(thread_id=target, owner=owner, user_id=actor.user_id, enforce=actor.checks_owner)
+    yield Batch(
+        tuple(Sql(statement, {"source": source_tid, "target": target_tid}) for statement in q.COPY_THREAD)
+    )
     return True
 
 
@@ -509,6 +547,7 @@ def copy_thread(q: SqlDialect, source: str, target: str, actor: Actor, now: floa
 
 def ensure_format(q: SqlDialect) -> Program[None]:
     """Refuse a store that holds checkpoints of another format, or with none recorded (P6)."""
+    yield Sql(q.LOCK_SCHEMA, {})
     tables = {row[0] for row in (yield Sql(q.SELECT_TABLES, {}))}
     recorded: str | None = None
     if "tk_meta" in tables:
@@ -524,6 +563,7 @@ def ensure_format(q: SqlDialect) -> Program[None]:
 
 def record_format(q: SqlDialect) -> Program[None]:
     """Record this format generation; concurrent first uses converge on one record."""
+    yield Sql(q.LOCK_SCHEMA, {})
     yield Sql(q.INSERT_META, {"key": _FORMAT_KEY, "value": str(FORMAT_GENERATION)})
     rows = yield Sql(q.SELECT_META, {"key": _FORMAT_KEY})
     if rows[0][0] != str(FORMAT_GENERATION):
@@ -541,6 +581,7 @@ def _format_error(q: SqlDialect, found: str | None, table: str) -> CheckpointSto
 
 def apply_migration(q: SqlDialect, version: int, statements: Sequence[str], now: float) -> Program[bool]:
     """Apply one numbered migration unless it is recorded; ``True`` if it ran."""
+    yield Sql(q.LOCK_SCHEMA, {})
     yield Sql(q.CREATE_MIGRATIONS, {})
     applied = {int(row[0]) for row in (yield Sql(q.SELECT_MIGRATIONS, {}))}
     if version in applied:

@@ -16,7 +16,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
-from threadkeep.core.program import ProgramFactory, Sql, SqlMany, drive
+from threadkeep.core.program import Batch, ProgramFactory, Sql, SqlMany, drive
 from threadkeep.errors import StorageError
 
 __all__ = ["SqliteEngine"]
@@ -162,6 +162,9 @@ def _execute(conn: sqlite3.Connection, request: Any) -> Any:
     if isinstance(request, SqlMany):
         conn.executemany(request.sql, request.rows)
         return None
+    if isinstance(request, Batch):
+        # In process there is no round trip to save: the statements simply run in order.
+        return [_execute(conn, inner) for inner in request.requests]
     raise TypeError(f"the sqlite engine cannot run {request!r}")
 
 

@@ -11,7 +11,9 @@ import orjson
 NAME = "sqlite"
 PROBE_WIDTH = 32
 
-# --- threads -----------------------------------------------------------------------------
+# --- threads ------------------------------------------------------------------------------
+
+LOCK_SCHEMA = "SELECT 1"  # BEGIN IMMEDIATE already serializes schema changes
 
 # A write first makes sure its thread exists (owned by the writer if new) ...
 INSERT_THREAD = """
@@ -39,9 +41,8 @@ WHERE thread_id = :thread_id AND (:owner IS NULL OR owner = :owner)
 # --- put ---------------------------------------------------------------------------------
 
 PROBE_LINKS = (
-    "SELECT node FROM tk_message_links WHERE tid = :tid AND node IN ("
-    + ", ".join(f":n{i}" for i in range(PROBE_WIDTH))
-    + ")"
+    "SELECT l.node FROM tk_message_links AS l JOIN tk_threads AS t ON l.tid = t.tid "
+    "WHERE t.thread_id = :thread_id AND l.node IN (" + ", ".join(f":n{i}" for i in range(PROBE_WIDTH)) + ")"
 )
 
 INSERT_MESSAGE = """
@@ -70,59 +71,97 @@ ON CONFLICT (tid, checkpoint_ns, checkpoint_id) DO UPDATE SET
     checkpoint = excluded.checkpoint, metadata = excluded.metadata
 """
 
+# The id below which a namespace's checkpoints are beyond the newest :offset + 1.
+_CUTOFF = """(SELECT checkpoint_id FROM tk_checkpoints
+     WHERE tid = :tid AND checkpoint_ns = :checkpoint_ns
+     ORDER BY checkpoint_id DESC LIMIT 1 OFFSET :offset)"""
+
+DELETE_WRITES_BEYOND = (
+    "DELETE FROM tk_writes WHERE tid = :tid AND checkpoint_ns = :checkpoint_ns AND checkpoint_id < " + _CUTOFF
+)
+
+DELETE_CHECKPOINTS_BEYOND = (
+    "DELETE FROM tk_checkpoints WHERE tid = :tid AND checkpoint_ns = :checkpoint_ns AND checkpoint_id < "
+    + _CUTOFF
+)
+
+# Channel values no checkpoint of the namespace refers to any more.
+COLLECT_BLOBS = """
+DELETE FROM tk_blobs
+WHERE tid = :tid AND checkpoint_ns = :checkpoint_ns
+  AND (channel, version) NOT IN (
+      SELECT version.key, CAST(version.value AS TEXT)
+      FROM tk_checkpoints AS c, json_each(c.checkpoint, '$.channel_versions') AS version
+      WHERE c.tid = :tid AND c.checkpoint_ns = :checkpoint_ns)
+"""
+
 # --- put_writes --------------------------------------------------------------------------
 
 # Whether writes target a checkpoint the history limit already pruned (they arrived late).
 WRITES_TARGET_PRUNED = """
-SELECT NOT EXISTS (SELECT 1 FROM tk_checkpoints
-                   WHERE tid = :tid AND checkpoint_ns = :checkpoint_ns AND checkpoint_id = :checkpoint_id)
-   AND :checkpoint_id < (SELECT checkpoint_id FROM tk_checkpoints
-                         WHERE tid = :tid AND checkpoint_ns = :checkpoint_ns
-                         ORDER BY checkpoint_id DESC LIMIT 1 OFFSET :offset)
+SELECT NOT EXISTS (SELECT 1 FROM tk_checkpoints AS c JOIN tk_threads AS t ON c.tid = t.tid
+                   WHERE t.thread_id = :thread_id AND c.checkpoint_ns = :checkpoint_ns
+                     AND c.checkpoint_id = :checkpoint_id)
+   AND :checkpoint_id < (SELECT c.checkpoint_id FROM tk_checkpoints AS c JOIN tk_threads AS t ON c.tid = t.tid
+                         WHERE t.thread_id = :thread_id AND c.checkpoint_ns = :checkpoint_ns
+                         ORDER BY c.checkpoint_id DESC LIMIT 1 OFFSET :offset)
 """
 
-INSERT_WRITE = """
+_INSERT_WRITE = """
 INSERT INTO tk_writes (tid, checkpoint_ns, checkpoint_id, task_id, idx, task_path, channel, type, value)
-VALUES (:tid, :checkpoint_ns, :checkpoint_id, :task_id, :idx, :task_path, :channel, :type, :value)
-ON CONFLICT DO NOTHING
+VALUES ((SELECT tid FROM tk_threads WHERE thread_id = :thread_id),
+        :checkpoint_ns, :checkpoint_id, :task_id, :idx, :task_path, :channel, :type, :value)
 """
 
-UPSERT_WRITE = """
-INSERT INTO tk_writes (tid, checkpoint_ns, checkpoint_id, task_id, idx, task_path, channel, type, value)
-VALUES (:tid, :checkpoint_ns, :checkpoint_id, :task_id, :idx, :task_path, :channel, :type, :value)
-ON CONFLICT (tid, checkpoint_ns, checkpoint_id, task_id, idx) DO UPDATE SET
+INSERT_WRITE = _INSERT_WRITE + "ON CONFLICT DO NOTHING"
+
+UPSERT_WRITE = (
+    _INSERT_WRITE
+    + """ON CONFLICT (tid, checkpoint_ns, checkpoint_id, task_id, idx) DO UPDATE SET
     task_path = excluded.task_path, channel = excluded.channel,
-    type = excluded.type, value = excluded.value
-"""
+    type = excluded.type, value = excluded.value"""
+)
 
 # --- reads -------------------------------------------------------------------------------
 
-# The addressed checkpoint (or the newest of the namespace), if the caller may see its thread.
-SELECT_LATEST = """
-SELECT c.tid, c.checkpoint_id, c.parent_id, c.checkpoint, c.metadata
-FROM tk_threads AS t JOIN tk_checkpoints AS c ON c.tid = t.tid
-WHERE t.thread_id = :thread_id AND (:owner IS NULL OR t.owner = :owner)
-  AND c.checkpoint_ns = :checkpoint_ns
-ORDER BY c.checkpoint_id DESC LIMIT 1
-"""
-
-SELECT_CHECKPOINT = """
-SELECT c.tid, c.checkpoint_id, c.parent_id, c.checkpoint, c.metadata
-FROM tk_threads AS t JOIN tk_checkpoints AS c ON c.tid = t.tid
-WHERE t.thread_id = :thread_id AND (:owner IS NULL OR t.owner = :owner)
-  AND c.checkpoint_ns = :checkpoint_ns AND c.checkpoint_id = :checkpoint_id
-"""
-
-# A checkpoint's channel values (kind 0) and its pending writes (kind 1), in one statement.
-# The program puts the writes in LangGraph's order (task_path, task_id, idx).
-SELECT_VALUES = """
-SELECT 0, channel, type, value, NULL, NULL, NULL FROM tk_blobs
-WHERE tid = :tid AND checkpoint_ns = :checkpoint_ns
-  AND (channel, version) IN (SELECT value ->> 0, value ->> 1 FROM json_each(:pairs))
+# A checkpoint, its channel values and its pending writes in one statement, if the caller
+# may see the thread. Rows: kind 0 the checkpoint, 1 a channel value, 2 a pending write;
+# columns: kind, tid, checkpoint_id, parent_id, checkpoint, metadata,
+#          channel, type, value, task_id, task_path, idx.
+_STATE = """
+SELECT 0, cp.tid, cp.checkpoint_id, cp.parent_id, cp.checkpoint, cp.metadata,
+       NULL, NULL, NULL, NULL, NULL, NULL
+FROM cp
 UNION ALL
-SELECT 1, channel, type, value, task_id, task_path, idx FROM tk_writes
-WHERE tid = :tid AND checkpoint_ns = :checkpoint_ns AND checkpoint_id = :checkpoint_id
+SELECT 1, NULL, NULL, NULL, NULL, NULL, b.channel, b.type, b.value, NULL, NULL, NULL
+FROM cp CROSS JOIN json_each(cp.checkpoint, '$.channel_versions') AS version
+CROSS JOIN tk_blobs AS b  -- CROSS JOIN keeps this order: one primary-key lookup per channel
+WHERE b.tid = cp.tid AND b.checkpoint_ns = :checkpoint_ns
+  AND b.channel = version.key AND b.version = CAST(version.value AS TEXT)
+UNION ALL
+SELECT 2, NULL, NULL, NULL, NULL, NULL, w.channel, w.type, w.value, w.task_id, w.task_path, w.idx
+FROM cp JOIN tk_writes AS w ON w.tid = cp.tid AND w.checkpoint_ns = :checkpoint_ns
+    AND w.checkpoint_id = cp.checkpoint_id
 """
+
+SELECT_STATE_LATEST = (
+    """WITH cp AS (
+    SELECT c.tid, c.checkpoint_id, c.parent_id, c.checkpoint, c.metadata
+    FROM tk_threads AS t JOIN tk_checkpoints AS c ON c.tid = t.tid
+    WHERE t.thread_id = :thread_id AND (:owner IS NULL OR t.owner = :owner)
+      AND c.checkpoint_ns = :checkpoint_ns
+    ORDER BY c.checkpoint_id DESC LIMIT 1)"""
+    + _STATE
+)
+
+SELECT_STATE_AT = (
+    """WITH cp AS (
+    SELECT c.tid, c.checkpoint_id, c.parent_id, c.checkpoint, c.metadata
+    FROM tk_threads AS t JOIN tk_checkpoints AS c ON c.tid = t.tid
+    WHERE t.thread_id = :thread_id AND (:owner IS NULL OR t.owner = :owner)
+      AND c.checkpoint_ns = :checkpoint_ns AND c.checkpoint_id = :checkpoint_id)"""
+    + _STATE
+)
 
 # Walks a message chain from its tail; depth 0 is the last message. :count bounds the walk.
 # Rows come back in any order; the program orders them by depth (cheaper than a SQL sort).
@@ -138,8 +177,9 @@ SELECT walk.depth, walk.digest, message.type, message.value
 FROM walk JOIN tk_messages AS message ON message.tid = :tid AND message.digest = walk.digest
 """
 
+# A page of checkpoints, newest first (the metadata filter is applied by the program).
 _LIST_COLUMNS = """
-SELECT t.thread_id, c.tid, c.checkpoint_ns, c.checkpoint_id, c.parent_id, c.checkpoint, c.metadata
+SELECT t.thread_id, c.tid, c.checkpoint_ns, c.checkpoint_id, c.metadata
 FROM tk_threads AS t JOIN tk_checkpoints AS c ON c.tid = t.tid
 """
 
@@ -187,37 +227,6 @@ WHERE tid = :tid AND checkpoint_ns = :checkpoint_ns AND checkpoint_id = :checkpo
 
 SELECT_NAMESPACES = "SELECT DISTINCT checkpoint_ns FROM tk_checkpoints WHERE tid = :tid"
 
-SELECT_KEEP_CUTOFF = """
-SELECT checkpoint_id FROM tk_checkpoints
-WHERE tid = :tid AND checkpoint_ns = :checkpoint_ns
-ORDER BY checkpoint_id DESC LIMIT 1 OFFSET :offset
-"""
-
-DELETE_CHECKPOINTS_BEFORE = """
-DELETE FROM tk_checkpoints
-WHERE tid = :tid AND checkpoint_ns = :checkpoint_ns AND checkpoint_id < :cutoff
-RETURNING checkpoint_id
-"""
-
-DELETE_WRITES_BEFORE = """
-DELETE FROM tk_writes
-WHERE tid = :tid AND checkpoint_ns = :checkpoint_ns AND checkpoint_id < :cutoff
-"""
-
-SELECT_REFERENCED_VERSIONS = """
-SELECT DISTINCT version.key, version.value
-FROM tk_checkpoints AS c, json_each(c.checkpoint, '$.channel_versions') AS version
-WHERE c.tid = :tid AND c.checkpoint_ns = :checkpoint_ns
-"""
-
-SELECT_BLOB_KEYS = """
-SELECT channel, version FROM tk_blobs WHERE tid = :tid AND checkpoint_ns = :checkpoint_ns
-"""
-
-DELETE_BLOB = """
-DELETE FROM tk_blobs
-WHERE tid = :tid AND checkpoint_ns = :checkpoint_ns AND channel = :channel AND version = :version
-"""
 
 COPY_THREAD: tuple[str, ...] = (
     """
@@ -307,11 +316,11 @@ SELECT
 """
 
 
-def pairs(items: list[tuple[str, str]]) -> object:
-    """The ``:pairs`` parameter of :data:`SELECT_VALUES`: (channel, version) pairs."""
-    return orjson.dumps(items).decode()
-
-
 def text_list(items: list[str]) -> object:
     """A list of strings as one parameter (``json_each`` reads it)."""
     return orjson.dumps(items).decode()
+
+
+def metadata_filter(wanted: object) -> object:
+    """SQLite lists filter metadata in the program only; no parameter is needed."""
+    return None
