@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from tests.providers import CASES, SHARED_STORE, Opener, ProviderCase, require
+from tests.providers import CASES, SHARED_STORE, Opener, ProviderCase, drop_postgres_schemas, require
 
 CONFORMANCE_REPORTS: list[str] = []
 
@@ -19,10 +19,15 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         metafunc.parametrize("provider", list(CASES.values()), ids=list(CASES), indirect=True)
 
 
+_PROBED: dict[str, str | None] = {}
+
+
 @pytest.fixture
 def provider(request: pytest.FixtureRequest) -> ProviderCase:
     case: ProviderCase = request.param
-    require(case)
+    if case.name not in _PROBED:
+        _PROBED[case.name] = case.probe()
+    require(case, _PROBED[case.name])
     return case
 
 
@@ -45,6 +50,10 @@ def open_saver(provider: ProviderCase, tmp_path: Path) -> Iterator[Opener]:
     yield open_
     for saver in opened:
         saver.close()
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    drop_postgres_schemas()
 
 
 @pytest.fixture

@@ -17,21 +17,28 @@ from langgraph.types import Send, interrupt
 
 @dataclass
 class Driver:
-    """Calls a compiled graph through its sync or its async API."""
+    """Calls a compiled graph through its sync or its async API (on one event loop)."""
 
     api: str
+    runner: asyncio.Runner | None = None
 
     def _call(self, graph: Any, name: str, *args: Any, **kwargs: Any) -> Any:
         if self.api == "sync":
             return getattr(graph, name)(*args, **kwargs)
+        if self.runner is None:
+            self.runner = asyncio.Runner()
         method = getattr(graph, "a" + name)
         if name == "get_state_history":
 
             async def collect() -> list[Any]:
                 return [item async for item in method(*args, **kwargs)]
 
-            return asyncio.run(collect())
-        return asyncio.run(method(*args, **kwargs))
+            return self.runner.run(collect())
+        return self.runner.run(method(*args, **kwargs))
+
+    def close(self) -> None:
+        if self.runner is not None:
+            self.runner.close()
 
     def invoke(self, graph: Any, value: Any, config: Any, **kwargs: Any) -> Any:
         return self._call(graph, "invoke", value, config, **kwargs)

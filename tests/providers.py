@@ -37,18 +37,59 @@ def _memory(tmp_path: Path, unique: str) -> Opener:
     return lambda **options: open_checkpointer("memory", settings=Settings(), **options)
 
 
+POSTGRES_URL = os.environ.get("THREADKEEP_TEST_POSTGRES_URL", "host=127.0.0.1 user=postgres dbname=test")
+_SCHEMAS: list[str] = []
+
+
+def postgres_probe() -> str | None:
+    try:
+        import psycopg
+
+        with psycopg.connect(POSTGRES_URL, connect_timeout=3):
+            return None
+    except Exception as exc:
+        return f"no Postgres at {POSTGRES_URL!r} ({exc})"
+
+
+def postgres_schema(unique: str) -> str:
+    """A fresh schema for one test, and the DSN that uses it; dropped at session end."""
+    import psycopg
+
+    schema = f"tk_test_{unique[:16]}"
+    with psycopg.connect(POSTGRES_URL, autocommit=True) as conn:
+        conn.execute(f"CREATE SCHEMA {schema}")
+    _SCHEMAS.append(schema)
+    return f"{POSTGRES_URL} options='-c search_path={schema}'"
+
+
+def drop_postgres_schemas() -> None:
+    if not _SCHEMAS:
+        return
+    import psycopg
+
+    with psycopg.connect(POSTGRES_URL, autocommit=True) as conn:
+        for schema in _SCHEMAS:
+            conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+    _SCHEMAS.clear()
+
+
+def _postgres(tmp_path: Path, unique: str) -> Opener:
+    dsn = postgres_schema(unique)
+    return lambda **options: open_checkpointer("postgres", dsn, settings=Settings(), **options)
+
+
 CASES: dict[str, ProviderCase] = {
     "memory": ProviderCase("memory", _memory),
     "sqlite": ProviderCase("sqlite", _sqlite),
+    "postgres": ProviderCase("postgres", _postgres, postgres_probe),
 }
 
-# Providers whose stores the memory engine cannot share across saver instances.
-SHARED_STORE = frozenset({"sqlite"})
+# Providers whose store several saver instances (and processes) share.
+SHARED_STORE = frozenset({"sqlite", "postgres"})
 
 
-def require(case: ProviderCase) -> None:
+def require(case: ProviderCase, reason: str | None) -> None:
     """Skip (locally) or fail (under CI=true) when the provider's server is missing."""
-    reason = case.probe()
     if reason is None:
         return
     if os.environ.get("CI", "").lower() == "true":

@@ -177,5 +177,5 @@ def saver_kwargs(settings: Settings, options: SaverOptions) -> dict[str, Any]:
 
 
 def _load_builtin_builders() -> None:
-    # Importing a backend package registers its provider.
-    from threadkeep.backends import sqlite  # noqa: F401
+    # Importing a backend package registers its provider (drivers are imported on first use).
+    from threadkeep.backends import postgres, sqlite  # noqa: F401

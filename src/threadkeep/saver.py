@@ -128,7 +128,7 @@ class ThreadkeepSaver(BaseCheckpointSaver[str]):
         self.enforce_user_isolation = enforce_user_isolation
         self.state_history_limit = state_history_limit
         self.clock = clock
-        self._owned: list[Callable[[], None]] = [backend.engine.close]
+        self._owns_engine = True
         self._memo = EncodingMemo()
         self._content = ContentCache()
 
@@ -336,7 +336,7 @@ class ThreadkeepSaver(BaseCheckpointSaver[str]):
     def with_allowlist(self, extra_allowlist: Collection[tuple[str, ...]]) -> ThreadkeepSaver:
         """A shallow copy whose serializer also allows ``extra_allowlist`` classes on read."""
         clone = copy.copy(self)
-        clone._owned = []  # the original closes what it opened
+        clone._owns_engine = False  # the original closes what it opened
         clone._memo = EncodingMemo()  # digests belong to one serializer
         clone.serde = with_allowlist(self.serde, extra_allowlist)
         return clone
@@ -353,9 +353,15 @@ class ThreadkeepSaver(BaseCheckpointSaver[str]):
 
     def close(self) -> None:
         """Release what this saver opened; never a pool or client it was given."""
-        owned, self._owned = self._owned, []
-        for release in owned:
-            release()
+        if self._owns_engine:
+            self._owns_engine = False
+            self.backend.engine.close()
+
+    async def aclose(self) -> None:
+        """:meth:`close`, from inside an event loop (closes that loop's async pool too)."""
+        if self._owns_engine:
+            self._owns_engine = False
+            await self.backend.engine.aclose()
 
     def __enter__(self) -> ThreadkeepSaver:
         return self
@@ -371,4 +377,4 @@ class ThreadkeepSaver(BaseCheckpointSaver[str]):
     async def __aexit__(
         self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None
     ) -> None:
-        self.close()
+        await self.aclose()

@@ -46,6 +46,10 @@ VARIABLES: Mapping[str, tuple[str, str | None]] = {
     f"{PREFIX}_HISTORY_LIMIT": ("state_history_limit", None),
     f"{PREFIX}_RETRY_ATTEMPTS": ("retry_attempts", "3"),
     f"{PREFIX}_RETRY_BACKOFF_SECONDS": ("retry_backoff_seconds", "1.0"),
+    f"{PREFIX}_POOL_MIN_SIZE": ("pool_min_size", "1"),
+    f"{PREFIX}_POOL_MAX_SIZE": ("pool_max_size", "10"),
+    f"{PREFIX}_POOL_TIMEOUT_SECONDS": ("pool_timeout_seconds", "30"),
+    f"{PREFIX}_CONNECT_TIMEOUT_SECONDS": ("connect_timeout_seconds", "10"),
     "DATABASE_URL": ("database_url", None),
     "REDIS_URL": ("redis_url", None),
 }
@@ -73,6 +77,10 @@ class Settings:
     state_history_limit: int | None = None
     retry_attempts: int = 3
     retry_backoff_seconds: float = 1.0
+    pool_min_size: int = 1
+    pool_max_size: int = 10
+    pool_timeout_seconds: int = 30
+    connect_timeout_seconds: int = 10
     database_url: str | None = field(default=None, repr=False)
     redis_url: str | None = field(default=None, repr=False)
 
@@ -84,8 +92,22 @@ class Settings:
                 _check_type(name, getattr(self, name), str)
         _check_choice("provider", self.provider, PROVIDERS)
         _check_choice("codec", self.codec, CODECS)
-        for name in ("retention_waiting_minutes", "retention_finished_minutes", "retry_attempts"):
+        for name in (
+            "retention_waiting_minutes",
+            "retention_finished_minutes",
+            "retry_attempts",
+            "pool_min_size",
+            "pool_max_size",
+            "pool_timeout_seconds",
+            "connect_timeout_seconds",
+        ):
             _check_positive(name, getattr(self, name))
+        if self.pool_min_size > self.pool_max_size:
+            raise ConfigurationError(
+                f"{_variable('pool_min_size')}={self.pool_min_size} exceeds "
+                f"{_variable('pool_max_size')}={self.pool_max_size}",
+                context={"min_size": self.pool_min_size, "max_size": self.pool_max_size},
+            )
         for name in ("inline_compress_bytes", "state_history_limit"):
             value = getattr(self, name)
             if value is not None:
@@ -131,6 +153,15 @@ class Settings:
     def sqlite_path(self) -> str:
         """The SQLite file path this deployment uses."""
         return self.conn_string or DEFAULT_SQLITE_PATH
+
+    def postgres_dsn(self) -> str:
+        """The Postgres DSN: the connection string, else ``DATABASE_URL``, else libpq's ``PG*``."""
+        return self.conn_string or self.database_url or ""
+
+    def redis_url_for(self, provider: str) -> str | None:
+        """The Redis URL of ``redis`` (the connection string) or ``tiered`` (the cache URL)."""
+        primary = self.conn_string if provider == "redis" else self.cache_url
+        return primary or self.redis_url
 
     def as_env(self) -> dict[str, str | None]:
         """The settings spelled as environment variables (secrets included; do not log)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -17,8 +18,10 @@ CHECKPOINTS_PER_TURN = 2 + 2 * TOOL_ROUND_TRIPS + 1
 
 
 @pytest.fixture(params=["sync", "async"])
-def driver(request: pytest.FixtureRequest) -> Driver:
-    return Driver(request.param)
+def driver(request: pytest.FixtureRequest) -> Iterator[Driver]:
+    driver = Driver(request.param)
+    yield driver
+    driver.close()
 
 
 def cfg(thread_id: str, **extra: Any) -> dict[str, Any]:

@@ -14,7 +14,7 @@ from langgraph.types import Command, interrupt
 
 from tests.graphs import Driver, approval_graph
 from tests.providers import Opener
-from threadkeep import StaleStateError, StorageForbiddenError, operator_scope, user_scope
+from threadkeep import StaleStateError, StorageError, StorageForbiddenError, operator_scope, user_scope
 from threadkeep.workload import build_agent, turn_input
 
 
@@ -43,7 +43,7 @@ def test_w1_a_step_that_fails_mid_transaction_stores_nothing(
         raise RuntimeError("the connection died before COMMIT")  # ... then the step fails
 
     monkeypatch.setattr(saver.backend, "put", put_then_fail)
-    with pytest.raises(RuntimeError, match="before COMMIT"):
+    with pytest.raises((RuntimeError, StorageError), match="before COMMIT"):
         graph.invoke(turn_input(1), cfg("atomic"))
     monkeypatch.undo()
 

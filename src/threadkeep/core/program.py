@@ -60,8 +60,16 @@ class Engine(Protocol):
         """The same as :meth:`run`, without blocking the event loop."""
         ...
 
+    def setup(self, make: ProgramFactory[T]) -> T:
+        """Run a schema program (the format gate, a migration) in its own write transaction."""
+        ...
+
     def close(self) -> None:
         """Release what the engine opened (never what it was given)."""
+        ...
+
+    async def aclose(self) -> None:
+        """The same as :meth:`close`, from inside an event loop."""
         ...
 
 

@@ -80,13 +80,12 @@ class SqlBackend:
     def open(self) -> None:
         """Check the format gate, then bring the schema up to date (SPEC P6)."""
         q = self.dialect
-        self.engine.run(lambda: programs.ensure_format(q), write=True)
+        self.engine.setup(lambda: programs.ensure_format(q))
         for migration in self.migrations:
-            self.engine.run(
+            self.engine.setup(
                 lambda m=migration: programs.apply_migration(q, m.version, m.statements, time.time()),  # type: ignore[misc]
-                write=True,
             )
-        self.engine.run(lambda: programs.record_format(q), write=True)
+        self.engine.setup(lambda: programs.record_format(q))
 
     def put(self, step: PutStep) -> Program[RunnableConfig]:
         return programs.put(self.dialect, step)
@@ -128,9 +127,9 @@ class SqlBackend:
     def check(self) -> None:
         """Raise :class:`~threadkeep.errors.CheckpointStoreFormatError` if the gate refuses."""
         q = self.dialect
-        self.engine.run(lambda: programs.ensure_format(q))
+        self.engine.setup(lambda: programs.ensure_format(q))
 
     def reset(self) -> None:
         """Drop everything threadkeep stored, and other formats' checkpoint tables."""
         q = self.dialect
-        self.engine.run(lambda: programs.reset(q), write=True)
+        self.engine.setup(lambda: programs.reset(q))

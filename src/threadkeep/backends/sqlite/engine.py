@@ -137,6 +137,10 @@ class SqliteEngine:
         finally:
             self._release(conn)
 
+    def setup(self, make: ProgramFactory[T]) -> T:
+        """Run a schema program in its own write transaction."""
+        return self.run(make, write=True)
+
     async def arun(self, make: ProgramFactory[T], *, write: bool = False) -> T:
         """Run one program without blocking the event loop.
 
@@ -146,6 +150,10 @@ class SqliteEngine:
         if self.memory:
             return self.run(make, write=write)
         return await asyncio.to_thread(self.run, make, write=write)
+
+    async def aclose(self) -> None:
+        """Close every connection; the engine refuses work afterwards."""
+        self.close()
 
     def close(self) -> None:
         """Close every connection; the engine refuses work afterwards."""

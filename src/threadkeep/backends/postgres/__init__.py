@@ -1,0 +1,84 @@
+"""The Postgres provider: the shared SQL programs on psycopg 3 pools, sync and async.
+
+psycopg is imported when a Postgres saver is first built, so a deployment on another
+provider never needs it (``pip install 'threadkeep[postgres]'``).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from threadkeep.backends.sql.backend import SqlBackend, load_migrations
+from threadkeep.core.retry import RetryPolicy
+from threadkeep.errors import MissingExtraError
+from threadkeep.providers import FACTS, SaverOptions, register_provider, saver_kwargs
+from threadkeep.saver import ThreadkeepSaver
+from threadkeep.settings import Settings
+
+if TYPE_CHECKING:
+    from threadkeep.backends.postgres.engine import PostgresEngine
+
+__all__ = ["build_postgres", "open_postgres_backend"]
+
+_MIGRATIONS = load_migrations(__name__)
+_OPTIONS = frozenset({"pool", "async_pool", "prepare_threshold", "min_size", "max_size"})
+
+
+def _engine(settings: Settings, **options: Any) -> PostgresEngine:
+    try:
+        from threadkeep.backends.postgres.engine import PoolOptions, PostgresEngine, is_connection_error
+    except ImportError as exc:  # pragma: no cover - exercised only without the extra
+        raise MissingExtraError(
+            "the postgres provider needs psycopg 3 and psycopg-pool: pip install 'threadkeep[postgres]'"
+        ) from exc
+    pool, async_pool = options.get("pool"), options.get("async_pool")
+    conninfo = settings.postgres_dsn()
+    if not conninfo and pool is not None:
+        conninfo = pool.conninfo
+    elif not conninfo and async_pool is not None:
+        conninfo = async_pool.conninfo
+    return PostgresEngine(
+        conninfo,
+        retry=RetryPolicy(
+            attempts=settings.retry_attempts,
+            backoff=settings.retry_backoff_seconds,
+            retryable=is_connection_error,
+            store="postgres",
+        ),
+        options=PoolOptions(
+            min_size=options.get("min_size", settings.pool_min_size),
+            max_size=options.get("max_size", settings.pool_max_size),
+            timeout=settings.pool_timeout_seconds,
+            connect_timeout=settings.connect_timeout_seconds,
+            prepare_threshold=options.get("prepare_threshold", 5),
+        ),
+        pool=pool,
+        async_pool=async_pool,
+    )
+
+
+def open_postgres_backend(settings: Settings, *, gate: bool = True, **options: Any) -> SqlBackend:
+    """Open the Postgres store the settings name; with ``gate``, check and migrate it."""
+    from threadkeep.backends.postgres import queries
+
+    engine = _engine(settings, **options)
+    backend = SqlBackend(engine, queries, _MIGRATIONS)
+    if gate:
+        try:
+            backend.open()
+        except BaseException:
+            engine.close()
+            raise
+    return backend
+
+
+def build_postgres(settings: Settings, options: SaverOptions) -> ThreadkeepSaver:
+    backend = open_postgres_backend(settings, **options.backend)
+    return ThreadkeepSaver(backend, FACTS["postgres"], **saver_kwargs(settings, options))
+
+
+def _postgres_admin(settings: Settings) -> SqlBackend:
+    return open_postgres_backend(settings, gate=False)
+
+
+register_provider("postgres", build_postgres, _postgres_admin, _OPTIONS)

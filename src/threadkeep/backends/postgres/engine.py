@@ -1,0 +1,255 @@
+"""Runs SQL programs on Postgres through psycopg 3 connection pools, sync and async.
+
+Each program runs in one transaction on one pooled connection. A :class:`~threadkeep.core.
+program.Batch` goes out in pipeline mode: its statements, one round trip. A dropped
+connection (the server restarted, ``pg_terminate_backend``, a network cut) retries the whole
+program on a fresh connection as the retry policy says (SPEC W4); the pools check a
+connection before lending it, so a dead one is replaced rather than used.
+
+There is no lock around the engine: concurrent calls run on separate connections, and two
+writers of one thread queue on that thread's row lock inside Postgres.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import weakref
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from functools import partial
+from typing import Any, TypeVar
+
+import psycopg
+from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
+
+from threadkeep.core.program import Batch, ProgramFactory, Sql, SqlMany, drive, drive_async
+from threadkeep.core.retry import RetryPolicy
+
+__all__ = ["PoolOptions", "PostgresEngine", "is_connection_error"]
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+def is_connection_error(error: BaseException) -> bool:
+    """Whether ``error`` means the connection (or the server) went away: worth a retry."""
+    return isinstance(error, (psycopg.OperationalError, psycopg.InterfaceError, PoolTimeout))
+
+
+@dataclass(frozen=True, slots=True)
+class PoolOptions:
+    """How threadkeep builds the pools it owns.
+
+    Attributes:
+        min_size: Connections kept open.
+        max_size: Connections at most, per pool.
+        timeout: Seconds a call waits for a free connection before it fails (and retries).
+        connect_timeout: Seconds a new connection may take.
+        prepare_threshold: psycopg's: prepare a statement after it ran this many times;
+            ``None`` never prepares (for PgBouncer in transaction mode).
+    """
+
+    min_size: int = 1
+    max_size: int = 10
+    timeout: float = 30.0
+    connect_timeout: float = 10.0
+    prepare_threshold: int | None = 5
+
+
+class PostgresEngine:
+    """Pools and transactions for one Postgres database.
+
+    Args:
+        conninfo: The connection string (libpq's ``PG*`` variables fill what it leaves out).
+        retry: When a failed transaction runs again.
+        options: How owned pools are built.
+        pool: A sync pool the application owns; used as given, never closed here.
+        async_pool: An async pool the application owns; used as given, never closed here.
+    """
+
+    def __init__(
+        self,
+        conninfo: str,
+        *,
+        retry: RetryPolicy,
+        options: PoolOptions | None = None,
+        pool: ConnectionPool | None = None,
+        async_pool: AsyncConnectionPool | None = None,
+    ) -> None:
+        self.conninfo = conninfo
+        self.retry = retry
+        self.options = options or PoolOptions()
+        self._given_pool = pool
+        self._given_async_pool = async_pool
+        self._pool: ConnectionPool | None = None
+        # An async pool belongs to the event loop that opened it: one per loop.
+        self._async_pools: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, AsyncConnectionPool] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._closed = False
+
+    @property
+    def location(self) -> str:
+        """The connection string without its password."""
+        try:
+            params = psycopg.conninfo.conninfo_to_dict(self.conninfo)
+        except psycopg.ProgrammingError:
+            return "postgres"
+        params.pop("password", None)
+        return psycopg.conninfo.make_conninfo("", **params) or "postgres (from PG* variables)"
+
+    def _connection_kwargs(self) -> dict[str, Any]:
+        return {
+            "autocommit": True,
+            "prepare_threshold": self.options.prepare_threshold,
+            "connect_timeout": int(self.options.connect_timeout),
+        }
+
+    def _sync_pool(self) -> ConnectionPool:
+        if self._given_pool is not None:
+            return self._given_pool
+        if self._pool is None:
+            self._pool = ConnectionPool(
+                self.conninfo,
+                min_size=self.options.min_size,
+                max_size=self.options.max_size,
+                timeout=self.options.timeout,
+                kwargs=self._connection_kwargs(),
+                check=ConnectionPool.check_connection,
+                name="threadkeep",
+                open=True,
+            )
+        return self._pool
+
+    async def _async_pool(self) -> AsyncConnectionPool:
+        if self._given_async_pool is not None:
+            return self._given_async_pool
+        loop = asyncio.get_running_loop()
+        pool = self._async_pools.get(loop)
+        if pool is None:
+            pool = AsyncConnectionPool(
+                self.conninfo,
+                min_size=self.options.min_size,
+                max_size=self.options.max_size,
+                timeout=self.options.timeout,
+                kwargs=self._connection_kwargs(),
+                check=AsyncConnectionPool.check_connection,
+                name="threadkeep-async",
+                open=False,
+            )
+            await pool.open()
+            self._async_pools[loop] = pool
+        return pool
+
+    def run(self, make: ProgramFactory[T], *, write: bool = False) -> T:
+        """Run one program in one transaction, retrying it whole after a dropped connection."""
+        return self._retrying(lambda: self._once(make, self._sync_pool().connection()))
+
+    def setup(self, make: ProgramFactory[T]) -> T:
+        """Like :meth:`run`, on a short-lived connection: the format gate and migrations run
+        before any pool is needed (an application that only uses the async API never opens a
+        sync pool)."""
+        return self._retrying(lambda: self._once(make, self.connect()))
+
+    def _retrying(self, attempt: Callable[[], T]) -> T:
+        tries = 0
+        while True:
+            tries += 1
+            try:
+                return attempt()
+            except Exception as error:
+                time.sleep(self.retry.delay_after(error, tries))
+
+    @staticmethod
+    def _once(make: ProgramFactory[T], connection: AbstractContextManager[psycopg.Connection[Any]]) -> T:
+        with connection as conn, conn.transaction():
+            return drive(make(), partial(_execute, conn))
+
+    async def arun(self, make: ProgramFactory[T], *, write: bool = False) -> T:
+        """The same as :meth:`run`, on the event loop's own pool."""
+        tries = 0
+        while True:
+            tries += 1
+            try:
+                pool = await self._async_pool()
+                async with pool.connection() as conn, conn.transaction():
+                    return await drive_async(make(), partial(_execute_async, conn))
+            except Exception as error:
+                await asyncio.sleep(self.retry.delay_after(error, tries))
+
+    def connect(self) -> psycopg.Connection[Any]:
+        """One short-lived connection, closed when its ``with`` block ends."""
+        return psycopg.connect(self.conninfo, **self._connection_kwargs())
+
+    def close(self) -> None:
+        """Close the pools this engine opened; pools it was given stay open."""
+        self._closed = True
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
+        for loop, pool in list(self._async_pools.items()):
+            if not loop.is_closed() and not loop.is_running():
+                loop.run_until_complete(pool.close())
+        self._async_pools.clear()
+
+    async def aclose(self) -> None:
+        """Close the pools this engine opened, from inside an event loop."""
+        current = asyncio.get_running_loop()
+        pool = self._async_pools.pop(current, None)
+        if pool is not None:
+            await pool.close()
+        self.close()
+
+
+def _execute(conn: psycopg.Connection[Any], request: Any) -> Any:
+    if isinstance(request, Sql):
+        cursor = conn.execute(request.sql, request.params)
+        return cursor.fetchall() if cursor.description is not None else []
+    if isinstance(request, SqlMany):
+        with conn.cursor() as cursor:
+            cursor.executemany(request.sql, request.rows)
+        return None
+    if isinstance(request, Batch):
+        cursors: list[psycopg.Cursor[Any] | None] = []
+        with conn.pipeline():
+            for inner in request.requests:
+                if isinstance(inner, Sql):
+                    cursors.append(conn.execute(inner.sql, inner.params))
+                else:
+                    conn.cursor().executemany(inner.sql, inner.rows)
+                    cursors.append(None)
+        return [_rows(cursor) for cursor in cursors]
+    raise TypeError(f"the postgres engine cannot run {request!r}")
+
+
+def _rows(cursor: psycopg.Cursor[Any] | None) -> list[Any] | None:
+    if cursor is None:
+        return None
+    return cursor.fetchall() if cursor.description is not None else []
+
+
+async def _execute_async(conn: psycopg.AsyncConnection[Any], request: Any) -> Any:
+    if isinstance(request, Sql):
+        cursor = await conn.execute(request.sql, request.params)
+        return await cursor.fetchall() if cursor.description is not None else []
+    if isinstance(request, SqlMany):
+        async with conn.cursor() as cursor:
+            await cursor.executemany(request.sql, request.rows)
+        return None
+    if isinstance(request, Batch):
+        cursors: list[psycopg.AsyncCursor[Any] | None] = []
+        async with conn.pipeline():
+            for inner in request.requests:
+                if isinstance(inner, Sql):
+                    cursors.append(await conn.execute(inner.sql, inner.params))
+                else:
+                    await conn.cursor().executemany(inner.sql, inner.rows)
+                    cursors.append(None)
+        return [
+            None if cursor is None else (await cursor.fetchall() if cursor.description is not None else [])
+            for cursor in cursors
+        ]
+    raise TypeError(f"the postgres engine cannot run {request!r}")

@@ -1,0 +1,338 @@
+"""The Postgres dialect: every statement the SQL programs run, as named constants.
+
+Parameters are named (``%(name)s``, psycopg's form); a parameter that may be NULL is cast
+so the server knows its type. No statement is ever built from values: the generated
+constants only repeat placeholders or join other constants.
+"""
+
+from __future__ import annotations
+
+import orjson
+
+from threadkeep.core.records import STRUCTURE
+
+NAME = "postgres"
+PROBE_WIDTH = 32
+
+# --- threads ------------------------------------------------------------------------------
+
+# Serializes schema changes (the format gate, migrations) across every process.
+LOCK_SCHEMA = "SELECT pg_advisory_xact_lock(7446327318420116991)"
+
+# A write first makes sure its thread exists (owned by the writer if new) ...
+INSERT_THREAD = """
+INSERT INTO tk_threads (thread_id, owner, created_at) VALUES (%(thread_id)s, %(owner)s, %(now)s)
+ON CONFLICT (thread_id) DO NOTHING
+"""
+
+# ... then locks its row (writers of one thread queue here; other threads run in parallel)
+# and reads its owner and the head of the namespace it writes. The row is not rewritten.
+THREAD_FOR_WRITE = """
+SELECT t.tid, t.owner,
+    (SELECT c.checkpoint_id FROM tk_checkpoints AS c
+     WHERE c.tid = t.tid AND c.checkpoint_ns = %(checkpoint_ns)s
+     ORDER BY c.checkpoint_id DESC LIMIT 1),
+    EXISTS (SELECT 1 FROM tk_checkpoints AS c
+            WHERE c.tid = t.tid AND c.checkpoint_ns = %(checkpoint_ns)s
+              AND c.checkpoint_id = %(checkpoint_id)s::text)
+FROM tk_threads AS t WHERE t.thread_id = %(thread_id)s
+FOR UPDATE OF t
+"""
+
+THREAD_FOR_READ = """
+SELECT tid FROM tk_threads
+WHERE thread_id = %(thread_id)s AND (%(owner)s::text IS NULL OR owner = %(owner)s::text)
+"""
+
+# --- put ---------------------------------------------------------------------------------
+
+PROBE_LINKS = (
+    "SELECT l.node FROM tk_message_links AS l JOIN tk_threads AS t ON l.tid = t.tid "
+    "WHERE t.thread_id = %(thread_id)s AND l.node IN ("
+    + ", ".join(f"%(n{i})s" for i in range(PROBE_WIDTH))
+    + ")"
+)
+
+INSERT_MESSAGE = """
+INSERT INTO tk_messages (tid, digest, type, value) VALUES (%(tid)s, %(digest)s, %(type)s, %(value)s)
+ON CONFLICT DO NOTHING
+"""
+
+INSERT_LINK = """
+INSERT INTO tk_message_links (tid, node, prev, digest) VALUES (%(tid)s, %(node)s, %(prev)s, %(digest)s)
+ON CONFLICT DO NOTHING
+"""
+
+UPSERT_BLOB = """
+INSERT INTO tk_blobs (tid, checkpoint_ns, channel, version, type, value)
+VALUES (%(tid)s, %(checkpoint_ns)s, %(channel)s, %(version)s, %(type)s, %(value)s)
+ON CONFLICT (tid, checkpoint_ns, channel, version)
+DO UPDATE SET type = EXCLUDED.type, value = EXCLUDED.value
+"""
+
+UPSERT_CHECKPOINT = """
+INSERT INTO tk_checkpoints
+    (tid, checkpoint_ns, checkpoint_id, parent_id, run_id, created_at, checkpoint, metadata)
+VALUES (%(tid)s, %(checkpoint_ns)s, %(checkpoint_id)s, %(parent_id)s, %(run_id)s, %(now)s,
+        %(checkpoint)s::jsonb, %(metadata)s::jsonb)
+ON CONFLICT (tid, checkpoint_ns, checkpoint_id) DO UPDATE SET
+    parent_id = EXCLUDED.parent_id, run_id = EXCLUDED.run_id,
+    checkpoint = EXCLUDED.checkpoint, metadata = EXCLUDED.metadata
+"""
+
+# The id below which a namespace's checkpoints are beyond the newest %(offset)s + 1.
+_CUTOFF = """(SELECT checkpoint_id FROM tk_checkpoints
+     WHERE tid = %(tid)s AND checkpoint_ns = %(checkpoint_ns)s
+     ORDER BY checkpoint_id DESC LIMIT 1 OFFSET %(offset)s)"""
+
+DELETE_WRITES_BEYOND = (
+    "DELETE FROM tk_writes WHERE tid = %(tid)s AND checkpoint_ns = %(checkpoint_ns)s AND checkpoint_id < "
+    + _CUTOFF
+)
+
+DELETE_CHECKPOINTS_BEYOND = (
+    "DELETE FROM tk_checkpoints WHERE tid = %(tid)s AND checkpoint_ns = %(checkpoint_ns)s "
+    "AND checkpoint_id < " + _CUTOFF
+)
+
+# Channel values no checkpoint of the namespace refers to any more.
+COLLECT_BLOBS = """
+DELETE FROM tk_blobs
+WHERE tid = %(tid)s AND checkpoint_ns = %(checkpoint_ns)s
+  AND (channel, version) NOT IN (
+      SELECT version.key, version.value
+      FROM tk_checkpoints AS c, jsonb_each_text(c.checkpoint -> 'channel_versions') AS version
+      WHERE c.tid = %(tid)s AND c.checkpoint_ns = %(checkpoint_ns)s)
+"""
+
+# --- put_writes --------------------------------------------------------------------------
+
+# Whether writes target a checkpoint the history limit already pruned (they arrived late).
+WRITES_TARGET_PRUNED = """
+SELECT NOT EXISTS (SELECT 1 FROM tk_checkpoints AS c JOIN tk_threads AS t ON c.tid = t.tid
+                   WHERE t.thread_id = %(thread_id)s AND c.checkpoint_ns = %(checkpoint_ns)s
+                     AND c.checkpoint_id = %(checkpoint_id)s)
+   AND %(checkpoint_id)s::text < (
+       SELECT c.checkpoint_id FROM tk_checkpoints AS c JOIN tk_threads AS t ON c.tid = t.tid
+       WHERE t.thread_id = %(thread_id)s AND c.checkpoint_ns = %(checkpoint_ns)s
+       ORDER BY c.checkpoint_id DESC LIMIT 1 OFFSET %(offset)s)
+"""
+
+_INSERT_WRITE = """
+INSERT INTO tk_writes (tid, checkpoint_ns, checkpoint_id, task_id, idx, task_path, channel, type, value)
+VALUES ((SELECT tid FROM tk_threads WHERE thread_id = %(thread_id)s),
+        %(checkpoint_ns)s, %(checkpoint_id)s, %(task_id)s, %(idx)s, %(task_path)s,
+        %(channel)s, %(type)s, %(value)s)
+"""
+
+INSERT_WRITE = _INSERT_WRITE + "ON CONFLICT DO NOTHING"
+
+UPSERT_WRITE = (
+    _INSERT_WRITE
+    + """ON CONFLICT (tid, checkpoint_ns, checkpoint_id, task_id, idx) DO UPDATE SET
+    task_path = EXCLUDED.task_path, channel = EXCLUDED.channel,
+    type = EXCLUDED.type, value = EXCLUDED.value"""
+)
+
+# --- reads -------------------------------------------------------------------------------
+
+# A checkpoint, its channel values and its pending writes in one statement, if the caller
+# may see the thread. Rows: kind 0 the checkpoint, 1 a channel value, 2 a pending write;
+# columns: kind, tid, checkpoint_id, parent_id, checkpoint, metadata,
+#          channel, type, value, task_id, task_path, idx.
+_STATE = """
+SELECT 0, cp.tid, cp.checkpoint_id, cp.parent_id, cp.checkpoint::text, cp.metadata::text,
+       NULL, NULL, NULL::bytea, NULL, NULL, NULL::integer
+FROM cp
+UNION ALL
+SELECT 1, NULL, NULL, NULL, NULL, NULL, b.channel, b.type, b.value, NULL, NULL, NULL
+FROM cp CROSS JOIN jsonb_each_text(cp.checkpoint -> 'channel_versions') AS version
+JOIN tk_blobs AS b ON b.tid = cp.tid AND b.checkpoint_ns = %(checkpoint_ns)s
+    AND b.channel = version.key AND b.version = version.value
+UNION ALL
+SELECT 2, NULL, NULL, NULL, NULL, NULL, w.channel, w.type, w.value, w.task_id, w.task_path, w.idx
+FROM cp JOIN tk_writes AS w ON w.tid = cp.tid AND w.checkpoint_ns = %(checkpoint_ns)s
+    AND w.checkpoint_id = cp.checkpoint_id
+"""
+
+SELECT_STATE_LATEST = (
+    """WITH cp AS (
+    SELECT c.tid, c.checkpoint_id, c.parent_id, c.checkpoint, c.metadata
+    FROM tk_threads AS t JOIN tk_checkpoints AS c ON c.tid = t.tid
+    WHERE t.thread_id = %(thread_id)s AND (%(owner)s::text IS NULL OR t.owner = %(owner)s::text)
+      AND c.checkpoint_ns = %(checkpoint_ns)s
+    ORDER BY c.checkpoint_id DESC LIMIT 1)"""
+    + _STATE
+)
+
+SELECT_STATE_AT = (
+    """WITH cp AS (
+    SELECT c.tid, c.checkpoint_id, c.parent_id, c.checkpoint, c.metadata
+    FROM tk_threads AS t JOIN tk_checkpoints AS c ON c.tid = t.tid
+    WHERE t.thread_id = %(thread_id)s AND (%(owner)s::text IS NULL OR t.owner = %(owner)s::text)
+      AND c.checkpoint_ns = %(checkpoint_ns)s AND c.checkpoint_id = %(checkpoint_id)s)"""
+    + _STATE
+)
+
+# Walks a message chain from its tail; depth 0 is the last message. %(count)s bounds the walk.
+# Rows come back in any order; the program orders them by depth.
+SELECT_CHAIN = """
+WITH RECURSIVE walk (depth, prev, digest) AS (
+    SELECT 0, prev, digest FROM tk_message_links WHERE tid = %(tid)s AND node = %(tail)s
+    UNION ALL
+    SELECT walk.depth + 1, link.prev, link.digest
+    FROM walk JOIN tk_message_links AS link ON link.tid = %(tid)s AND link.node = walk.prev
+    WHERE walk.depth + 1 < %(count)s
+)
+SELECT walk.depth, walk.digest, message.type, message.value
+FROM walk JOIN tk_messages AS message ON message.tid = %(tid)s AND message.digest = walk.digest
+"""
+
+# A page of checkpoints, newest first. The metadata filter narrows the page in SQL (jsonb
+# containment); the program then keeps only exact matches.
+_LIST_COLUMNS = """
+SELECT t.thread_id, c.tid, c.checkpoint_ns, c.checkpoint_id, c.metadata::text
+FROM tk_threads AS t JOIN tk_checkpoints AS c ON c.tid = t.tid
+"""
+
+_LIST_CONDITIONS = """
+  AND (%(owner)s::text IS NULL OR t.owner = %(owner)s::text)
+  AND (%(checkpoint_ns)s::text IS NULL OR c.checkpoint_ns = %(checkpoint_ns)s::text)
+  AND (%(checkpoint_id)s::text IS NULL OR c.checkpoint_id = %(checkpoint_id)s::text)
+  AND (%(before)s::text IS NULL OR c.checkpoint_id < %(before)s::text)
+  AND (%(filter)s::jsonb IS NULL OR c.metadata @> %(filter)s::jsonb)
+  AND (%(cursor_id)s::text IS NULL
+       OR (c.checkpoint_id, c.tid, c.checkpoint_ns)
+          < (%(cursor_id)s::text, %(cursor_tid)s::bigint, %(cursor_ns)s::text))
+ORDER BY c.checkpoint_id DESC, c.tid DESC, c.checkpoint_ns DESC
+LIMIT %(page_size)s
+"""
+
+LIST_THREAD = _LIST_COLUMNS + "WHERE t.thread_id = %(thread_id)s" + _LIST_CONDITIONS
+LIST_ALL = _LIST_COLUMNS + "WHERE true" + _LIST_CONDITIONS
+
+# --- deletes, pruning, copies --------------------------------------------------------------
+
+DELETE_THREAD: tuple[str, ...] = (
+    "DELETE FROM tk_checkpoints WHERE tid = %(tid)s",
+    "DELETE FROM tk_blobs WHERE tid = %(tid)s",
+    "DELETE FROM tk_writes WHERE tid = %(tid)s",
+    "DELETE FROM tk_messages WHERE tid = %(tid)s",
+    "DELETE FROM tk_message_links WHERE tid = %(tid)s",
+    "DELETE FROM tk_threads WHERE tid = %(tid)s",
+)
+
+SELECT_RUN_CHECKPOINTS = """
+SELECT c.tid, c.checkpoint_ns, c.checkpoint_id
+FROM tk_checkpoints AS c JOIN tk_threads AS t ON t.tid = c.tid
+WHERE c.run_id IN (SELECT jsonb_array_elements_text(%(run_ids)s::jsonb))
+  AND (%(owner)s::text IS NULL OR t.owner = %(owner)s::text)
+"""
+
+DELETE_CHECKPOINT = """
+DELETE FROM tk_checkpoints
+WHERE tid = %(tid)s AND checkpoint_ns = %(checkpoint_ns)s AND checkpoint_id = %(checkpoint_id)s
+"""
+
+DELETE_CHECKPOINT_WRITES = """
+DELETE FROM tk_writes
+WHERE tid = %(tid)s AND checkpoint_ns = %(checkpoint_ns)s AND checkpoint_id = %(checkpoint_id)s
+"""
+
+SELECT_NAMESPACES = "SELECT DISTINCT checkpoint_ns FROM tk_checkpoints WHERE tid = %(tid)s"
+
+COPY_THREAD: tuple[str, ...] = (
+    """
+    INSERT INTO tk_checkpoints
+        (tid, checkpoint_ns, checkpoint_id, parent_id, run_id, created_at, checkpoint, metadata)
+    SELECT %(target)s, checkpoint_ns, checkpoint_id, parent_id, run_id, created_at, checkpoint, metadata
+    FROM tk_checkpoints WHERE tid = %(source)s
+    ON CONFLICT (tid, checkpoint_ns, checkpoint_id) DO UPDATE SET
+        parent_id = EXCLUDED.parent_id, run_id = EXCLUDED.run_id,
+        checkpoint = EXCLUDED.checkpoint, metadata = EXCLUDED.metadata
+    """,
+    """
+    INSERT INTO tk_blobs (tid, checkpoint_ns, channel, version, type, value)
+    SELECT %(target)s, checkpoint_ns, channel, version, type, value FROM tk_blobs WHERE tid = %(source)s
+    ON CONFLICT (tid, checkpoint_ns, channel, version)
+    DO UPDATE SET type = EXCLUDED.type, value = EXCLUDED.value
+    """,
+    """
+    INSERT INTO tk_writes
+        (tid, checkpoint_ns, checkpoint_id, task_id, idx, task_path, channel, type, value)
+    SELECT %(target)s, checkpoint_ns, checkpoint_id, task_id, idx, task_path, channel, type, value
+    FROM tk_writes WHERE tid = %(source)s
+    ON CONFLICT (tid, checkpoint_ns, checkpoint_id, task_id, idx) DO UPDATE SET
+        task_path = EXCLUDED.task_path, channel = EXCLUDED.channel,
+        type = EXCLUDED.type, value = EXCLUDED.value
+    """,
+    """
+    INSERT INTO tk_messages (tid, digest, type, value)
+    SELECT %(target)s, digest, type, value FROM tk_messages WHERE tid = %(source)s
+    ON CONFLICT DO NOTHING
+    """,
+    """
+    INSERT INTO tk_message_links (tid, node, prev, digest)
+    SELECT %(target)s, node, prev, digest FROM tk_message_links WHERE tid = %(source)s
+    ON CONFLICT DO NOTHING
+    """,
+)
+
+# --- format gate, migrations, reset -------------------------------------------------------
+
+SELECT_TABLES = "SELECT tablename FROM pg_tables WHERE schemaname = current_schema()"
+SELECT_META = "SELECT value FROM tk_meta WHERE key = %(key)s"
+INSERT_META = "INSERT INTO tk_meta (key, value) VALUES (%(key)s, %(value)s) ON CONFLICT DO NOTHING"
+
+# Only threadkeep's own tables are the store: a database is often shared with other
+# applications, LangGraph's own savers included, whose tables are left alone.
+CHECKPOINT_TABLES: dict[str, str] = {
+    "tk_checkpoints": "SELECT EXISTS (SELECT 1 FROM tk_checkpoints)",
+}
+
+CREATE_MIGRATIONS = """
+CREATE TABLE IF NOT EXISTS tk_migrations (version INTEGER PRIMARY KEY, applied_at DOUBLE PRECISION NOT NULL)
+"""
+SELECT_MIGRATIONS = "SELECT version FROM tk_migrations ORDER BY version"
+RECORD_MIGRATION = "INSERT INTO tk_migrations (version, applied_at) VALUES (%(version)s, %(now)s)"
+
+RESET: tuple[str, ...] = (
+    "DROP TABLE IF EXISTS tk_message_links",
+    "DROP TABLE IF EXISTS tk_messages",
+    "DROP TABLE IF EXISTS tk_writes",
+    "DROP TABLE IF EXISTS tk_blobs",
+    "DROP TABLE IF EXISTS tk_checkpoints",
+    "DROP TABLE IF EXISTS tk_threads",
+    "DROP TABLE IF EXISTS tk_meta",
+    "DROP TABLE IF EXISTS tk_migrations",
+)
+
+# What the store holds; %(tid)s restricts it to one thread (NULL: the whole store). A message
+# link counts 48 bytes: its node, previous node and digest.
+STATS = """
+SELECT
+    (SELECT count(*) FROM tk_threads WHERE %(tid)s::bigint IS NULL OR tid = %(tid)s::bigint),
+    (SELECT count(*) FROM tk_checkpoints WHERE %(tid)s::bigint IS NULL OR tid = %(tid)s::bigint),
+    (SELECT count(*) FROM tk_blobs WHERE %(tid)s::bigint IS NULL OR tid = %(tid)s::bigint),
+    (SELECT count(*) FROM tk_writes WHERE %(tid)s::bigint IS NULL OR tid = %(tid)s::bigint),
+    (SELECT count(*) FROM tk_messages WHERE %(tid)s::bigint IS NULL OR tid = %(tid)s::bigint),
+    (SELECT coalesce(sum(octet_length(checkpoint::text) + octet_length(metadata::text)), 0)
+     FROM tk_checkpoints WHERE %(tid)s::bigint IS NULL OR tid = %(tid)s::bigint)
+    + (SELECT coalesce(sum(octet_length(value)), 0) FROM tk_blobs
+       WHERE %(tid)s::bigint IS NULL OR tid = %(tid)s::bigint)
+    + (SELECT coalesce(sum(octet_length(value)), 0) FROM tk_writes
+       WHERE %(tid)s::bigint IS NULL OR tid = %(tid)s::bigint)
+    + (SELECT coalesce(sum(octet_length(value)), 0) FROM tk_messages
+       WHERE %(tid)s::bigint IS NULL OR tid = %(tid)s::bigint)
+    + (SELECT count(*) * 48 FROM tk_message_links WHERE %(tid)s::bigint IS NULL OR tid = %(tid)s::bigint)
+"""
+
+
+def text_list(items: list[str]) -> object:
+    """A list of strings as one parameter (``jsonb_array_elements_text`` reads it)."""
+    return orjson.dumps(items).decode()
+
+
+def metadata_filter(wanted: object) -> object:
+    """The ``%(filter)s`` parameter: the wanted metadata, encoded as stored, for ``@>``."""
+    return orjson.dumps(STRUCTURE.to_json(wanted)).decode()

@@ -1,0 +1,64 @@
+"""When to retry a transaction, free of I/O (SPEC W4).
+
+A dropped connection retries the whole transaction on a fresh connection: ``attempts`` in
+all, waiting ``backoff`` seconds before the second and doubling each time (1 s, then 2 s by
+default). Anything else, and a connection failure that outlasts the attempts, becomes a
+``StorageError`` at once: a run fails visibly instead of continuing on unsaved state.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from threadkeep.errors import StorageError, ThreadkeepError
+
+__all__ = ["RetryPolicy"]
+
+logger = logging.getLogger("threadkeep.retry")
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """Retries of one engine.
+
+    Attributes:
+        attempts: Tries in all, the first included.
+        backoff: Seconds before the second try; each later wait doubles.
+        retryable: Whether an exception means the connection dropped.
+        store: Names the store in error messages.
+    """
+
+    attempts: int
+    backoff: float
+    retryable: Callable[[BaseException], bool]
+    store: str
+
+    def delay_after(self, error: BaseException, attempt: int) -> float:
+        """How long to wait before try ``attempt + 1`` after ``error`` ended try ``attempt``.
+
+        Raises:
+            ThreadkeepError: ``error`` itself when it is one of ours (a conflict, a refusal).
+            StorageError: the error is not a dropped connection, or it was the last try.
+        """
+        if isinstance(error, ThreadkeepError):
+            raise error
+        if not self.retryable(error):
+            raise StorageError(f"the {self.store} store failed: {error}") from error
+        if attempt >= self.attempts:
+            raise StorageError(
+                f"the {self.store} store was unreachable after {attempt} attempts: {error}; "
+                "nothing of this step was stored",
+                context={"attempts": attempt},
+            ) from error
+        delay: float = self.backoff * 2 ** (attempt - 1)
+        logger.warning(
+            "%s connection failed (attempt %s of %s): %s; retrying in %.1f s",
+            self.store,
+            attempt,
+            self.attempts,
+            error,
+            delay,
+        )
+        return delay
