@@ -1,3 +1,4 @@
+# ruff: noqa: E501  (prose lines)
 """Write docs/settings.md from threadkeep.settings.VARIABLES: ./dev run python tools/gen_settings_doc.py"""
 
 from pathlib import Path
