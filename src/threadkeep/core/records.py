@@ -31,6 +31,7 @@ from threadkeep.core.messages import (
     MessageChain,
     chain_ref,
     is_message_list,
+    parse_chain_ref,
 )
 from threadkeep.core.rules import BRANCH_KEY
 from threadkeep.errors import CheckpointSerializationError
@@ -40,6 +41,7 @@ __all__ = [
     "BlobRow",
     "ListQuery",
     "PutStep",
+    "StoredCheckpoint",
     "Target",
     "WriteRow",
     "WritesStep",
@@ -325,6 +327,64 @@ def assemble(
         parent_config=parent,
         pending_writes=list(pending_writes),
     )
+
+
+@dataclass(slots=True)
+class StoredCheckpoint:
+    """A checkpoint as read back from a store, before its values are decoded.
+
+    Attributes:
+        values: (channel, type, stored value) of each channel of the checkpoint.
+        writes: (task_path, task_id, idx, channel, type, stored value) of its pending writes.
+        key: The store's own key of the thread (SQL: ``tid``), when it has one.
+    """
+
+    thread_id: str
+    checkpoint_ns: str
+    branch: bool
+    checkpoint_id: str = ""
+    parent_id: str | None = None
+    structure: dict[str, Any] = field(default_factory=dict)
+    metadata: dict[str, Any] = field(default_factory=dict)
+    values: list[tuple[str, str, bytes]] = field(default_factory=list)
+    writes: list[tuple[str, str, int, str, str, bytes]] = field(default_factory=list)
+    key: int = 0
+
+    def chains(self) -> list[tuple[bytes, int]]:
+        """The (tail, length) of every message list this checkpoint refers to."""
+        return [parse_chain_ref(value) for _, vtype, value in self.values if vtype == CHAIN_TYPE]
+
+    def to_tuple(
+        self, serde: SerializerProtocol, lists: Mapping[bytes, Sequence[tuple[str, bytes]]]
+    ) -> CheckpointTuple:
+        """Decode every value (message lists from ``lists``, by tail) into a CheckpointTuple."""
+        values: dict[str, Any] = {}
+        for channel, vtype, value in self.values:
+            path = f"channel_values.{channel}"
+            if vtype == EMPTY_TYPE:
+                continue
+            if vtype == CHAIN_TYPE:
+                tail, _ = parse_chain_ref(value)
+                values[channel] = [
+                    decode_value(serde, kind, payload, f"{path}[{i}]")
+                    for i, (kind, payload) in enumerate(lists[tail])
+                ]
+            else:
+                values[channel] = decode_value(serde, vtype, value, path)
+        return assemble(
+            thread_id=self.thread_id,
+            checkpoint_ns=self.checkpoint_ns,
+            checkpoint_id=self.checkpoint_id,
+            parent_id=self.parent_id,
+            structure=self.structure,
+            metadata=self.metadata,
+            channel_values=values,
+            pending_writes=[
+                (task_id, channel, decode_value(serde, vtype, value, f"pending_writes.{channel}"))
+                for _, task_id, _, channel, vtype, value in sorted(self.writes, key=lambda w: w[:3])
+            ],
+            branch=self.branch,
+        )
 
 
 def matches_filter(metadata: Mapping[str, Any], wanted: Mapping[str, Any] | None) -> bool:

@@ -19,12 +19,23 @@ from typing import Final
 
 from threadkeep.errors import StaleStateError, StorageForbiddenError
 
-__all__ = ["BRANCH_KEY", "BRANCH_SOURCES", "check_head", "check_owner"]
+__all__ = ["BRANCH_KEY", "BRANCH_SOURCES", "check_head", "check_owner", "required_head"]
 
 # Carried by the config get_tuple returns for an addressed checkpoint; LangGraph merges that
 # config into every later put of the run. The "__" prefix keeps it out of stored metadata.
 BRANCH_KEY: Final = "__threadkeep_branch_from"
 BRANCH_SOURCES: Final = frozenset({"update", "fork"})
+
+
+def required_head(*, parent_id: str | None, source: object, branch_from: str | None) -> str | None:
+    """The head a put must find to proceed, or ``None`` when any head will do.
+
+    A new root (no parent) and an explicit branch need no particular head; a step that
+    continues the thread needs its parent to still be the head.
+    """
+    if parent_id is None or source in BRANCH_SOURCES or branch_from == parent_id:
+        return None
+    return parent_id
 
 
 def check_head(
@@ -40,12 +51,15 @@ def check_head(
 ) -> None:
     """Refuse a put that continues a thread whose head moved on.
 
+    A put of a checkpoint already stored (a retry whose first attempt committed) passes.
+    Stores that must decide inside the server (Redis scripts) enforce
+    :func:`required_head`'s answer the same way.
+
     Raises:
         StaleStateError: naming the thread, the expected and the current head.
     """
-    if parent_id is None or parent_id == head_id or already_stored:
-        return
-    if source in BRANCH_SOURCES or branch_from == parent_id:
+    required = required_head(parent_id=parent_id, source=source, branch_from=branch_from)
+    if required is None or required == head_id or already_stored:
         return
     raise StaleStateError(thread_id, checkpoint_ns, parent_id, head_id)
 

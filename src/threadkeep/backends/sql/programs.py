@@ -7,7 +7,7 @@ statements of one transaction, in order, and decides between them. A dialect
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, Protocol
 
 from langchain_core.runnables import RunnableConfig
@@ -15,17 +15,15 @@ from langgraph.checkpoint.base import CheckpointTuple
 from langgraph.checkpoint.serde.base import SerializerProtocol
 
 from threadkeep.core.identity import Actor
-from threadkeep.core.messages import CHAIN_TYPE, ContentCache, MessageChain, parse_chain_ref
+from threadkeep.core.messages import ContentCache, MessageChain
 from threadkeep.core.program import Batch, Program, Sql, SqlMany
 from threadkeep.core.records import (
-    EMPTY_TYPE,
     ListQuery,
     PutStep,
+    StoredCheckpoint,
     Target,
     WritesStep,
-    assemble,
     decode_structure,
-    decode_value,
     matches_filter,
 )
 from threadkeep.core.rules import check_head, check_owner
@@ -311,79 +309,38 @@ def _thread_tid(q: SqlDialect, thread_id: str, owner: str | None) -> Program[int
     return int(rows[0][0]) if rows else None
 
 
-class _State:
+def _stored(thread_id: str, checkpoint_ns: str, rows: list[Any], *, branch: bool) -> StoredCheckpoint:
     """The rows of one SELECT_STATE statement: a checkpoint, its values and pending writes."""
-
-    def __init__(self, thread_id: str, checkpoint_ns: str, rows: list[Any], *, branch: bool) -> None:
-        self.thread_id = thread_id
-        self.checkpoint_ns = checkpoint_ns
-        self.branch = branch
-        self.values: list[tuple[str, str, bytes]] = []
-        self.writes: list[tuple[str, str, int, str, str, bytes]] = []
-        for (
-            kind,
-            tid,
-            checkpoint_id,
-            parent_id,
-            structure,
-            metadata,
-            channel,
-            vtype,
-            value,
-            task_id,
-            path,
-            idx,
-        ) in rows:
-            if kind == 0:
-                self.tid = int(tid)
-                self.checkpoint_id = checkpoint_id
-                self.parent_id = parent_id
-                self.structure = decode_structure(structure, "checkpoint")
-                self.metadata = decode_structure(metadata, "metadata")
-            elif kind == 1:
-                self.values.append((channel, vtype, bytes(value)))
-            else:
-                self.writes.append((path, task_id, idx, channel, vtype, bytes(value)))
-        self.writes.sort(key=lambda write: write[:3])
-
-    def chains(self) -> list[tuple[bytes, int]]:
-        """The (tail, length) of every message list this checkpoint refers to."""
-        return [parse_chain_ref(value) for _, vtype, value in self.values if vtype == CHAIN_TYPE]
-
-    def tuple(
-        self, serde: SerializerProtocol, lists: Mapping[bytes, list[tuple[str, bytes]]]
-    ) -> CheckpointTuple:
-        values: dict[str, Any] = {}
-        for channel, vtype, value in self.values:
-            path = f"channel_values.{channel}"
-            if vtype == EMPTY_TYPE:
-                continue
-            if vtype == CHAIN_TYPE:
-                tail, _ = parse_chain_ref(value)
-                values[channel] = [
-                    decode_value(serde, kind, payload, f"{path}[{i}]")
-                    for i, (kind, payload) in enumerate(lists[tail])
-                ]
-            else:
-                values[channel] = decode_value(serde, vtype, value, path)
-        return assemble(
-            thread_id=self.thread_id,
-            checkpoint_ns=self.checkpoint_ns,
-            checkpoint_id=self.checkpoint_id,
-            parent_id=self.parent_id,
-            structure=self.structure,
-            metadata=self.metadata,
-            channel_values=values,
-            pending_writes=[
-                (task_id, channel, decode_value(serde, vtype, value, f"pending_writes.{channel}"))
-                for _, task_id, _, channel, vtype, value in self.writes
-            ],
-            branch=self.branch,
-        )
+    stored = StoredCheckpoint(thread_id=thread_id, checkpoint_ns=checkpoint_ns, branch=branch)
+    for (
+        kind,
+        tid,
+        checkpoint_id,
+        parent_id,
+        structure,
+        metadata,
+        channel,
+        vtype,
+        value,
+        task_id,
+        path,
+        idx,
+    ) in rows:
+        if kind == 0:
+            stored.key = int(tid)
+            stored.checkpoint_id = checkpoint_id
+            stored.parent_id = parent_id
+            stored.structure = decode_structure(structure, "checkpoint")
+            stored.metadata = decode_structure(metadata, "metadata")
+        elif kind == 1:
+            stored.values.append((channel, vtype, bytes(value)))
+        else:
+            stored.writes.append((path, task_id, idx, channel, vtype, bytes(value)))
+    return stored
 
 
 def _message_lists(
-    q: SqlDialect, content: ContentCache, states: Sequence[_State]
+    q: SqlDialect, content: ContentCache, states: Sequence[StoredCheckpoint]
 ) -> Program[dict[bytes, list[tuple[str, bytes]]]]:
     """The (type, payload) of every message of the lists ``states`` refer to: from the content
     cache where it holds them, else walked in the store, all walks in one batch."""
@@ -399,7 +356,7 @@ def _message_lists(
                 lists[tail] = cached
             elif (tail, count) not in walks:
                 walks.append((tail, count))
-                requests.append(Sql(q.SELECT_CHAIN, {"tid": state.tid, "tail": tail, "count": count}))
+                requests.append(Sql(q.SELECT_CHAIN, {"tid": state.key, "tail": tail, "count": count}))
     if requests:
         results = yield Batch(tuple(requests))
         for (tail, count), rows in zip(walks, results, strict=True):
@@ -426,9 +383,9 @@ def get_tuple(
     rows = yield Sql(q.SELECT_STATE_LATEST if target.checkpoint_id is None else q.SELECT_STATE_AT, params)
     if not rows:
         return None
-    state = _State(target.thread_id, target.checkpoint_ns, rows, branch=target.checkpoint_id is not None)
+    state = _stored(target.thread_id, target.checkpoint_ns, rows, branch=target.checkpoint_id is not None)
     lists = yield from _message_lists(q, content, [state])
-    return state.tuple(serde, lists)
+    return state.to_tuple(serde, lists)
 
 
 def list_page(
@@ -467,12 +424,12 @@ def list_page(
             )
         )
     states = [
-        _State(thread_id, ns, state_rows, branch=False)
+        _stored(thread_id, ns, state_rows, branch=False)
         for (thread_id, ns, _), state_rows in zip(chosen, results, strict=True)
         if state_rows  # deleted between the two statements of another page: skip it
     ]
     lists = yield from _message_lists(q, content, states)
-    found = [state.tuple(serde, lists) for state in states]
+    found = [state.to_tuple(serde, lists) for state in states]
     if not rows:
         return found, None
     last = rows[-1]

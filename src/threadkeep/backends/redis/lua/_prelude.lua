@@ -1,0 +1,111 @@
+-- _prelude.lua: helpers every threadkeep script starts with (threadkeep/backends/redis/
+-- scripts.py puts this file in front of each script before loading it).
+--
+-- Every per-thread script takes the nine keys of one thread as KEYS, in this order (all
+-- share the thread's hash tag, so a script runs on one Redis Cluster slot):
+--   KEYS[1] thread   HASH  id, owner, created
+--   KEYS[2] cps      HASH  "<ns>\0<checkpoint id>" -> checkpoint record (JSON)
+--   KEYS[3] heads    ZSET  "<ns>\0<checkpoint id>", score 0: newest per namespace by lex order
+--   KEYS[4] order    ZSET  "<checkpoint id>\0<ns>", score 0: newest across namespaces
+--   KEYS[5] blobs    HASH  "<ns>\0<channel>\0<version>" -> "<type>\0<value>"
+--   KEYS[6] writes   HASH  "<ns>\0<checkpoint id>\0<task id>\0<idx>" -> "<task path>\0<channel>\0<type>\0<value>"
+--   KEYS[7] windex   ZSET  the writes fields, score 0: a checkpoint's writes by lex range
+--   KEYS[8] msgs     HASH  "<digest>" -> "<type>\0<value>"      (each message once, SPEC S1)
+--   KEYS[9] links    HASH  "<node>" -> "<digest><prev node>"   (message lists as chains)
+-- A checkpoint record is {"p": parent, "r": run id, "t": created, "c": checkpoint JSON,
+-- "m": metadata JSON, "v": ["<channel>\0<version>", ...]}.
+
+local NUL = "\0"
+
+-- The lex range of a namespace's members in `heads` (all start with "<ns>\0").
+local function ns_bounds(ns)
+    return "[" .. ns .. NUL, "(" .. ns .. "\1"
+end
+
+-- The newest checkpoint id of a namespace, or nil.
+local function head_of(ns)
+    local low, high = ns_bounds(ns)
+    local top = redis.call("ZREVRANGEBYLEX", KEYS[3], high, low, "LIMIT", 0, 1)
+    if #top == 0 then
+        return nil
+    end
+    return string.sub(top[1], #ns + 2)
+end
+
+-- Every key a write stores carries the thread's waiting retention (SPEC R2); a read never
+-- calls this. Keys not created yet are skipped by PEXPIRE itself.
+local function touch(ttl_ms)
+    for i = 1, 9 do
+        redis.call("PEXPIRE", KEYS[i], ttl_ms)
+    end
+end
+
+-- The owner of the thread, creating it for `writer` if it does not exist yet.
+local function own(thread_id, writer, now)
+    local owner = redis.call("HGET", KEYS[1], "owner")
+    if not owner then
+        redis.call("HSET", KEYS[1], "id", thread_id, "owner", writer, "created", now)
+        owner = writer
+    end
+    return owner
+end
+
+-- Removes one checkpoint and its pending writes (its channel values are collected later).
+local function drop_checkpoint(ns, checkpoint_id)
+    local member = ns .. NUL .. checkpoint_id
+    redis.call("HDEL", KEYS[2], member)
+    redis.call("ZREM", KEYS[3], member)
+    redis.call("ZREM", KEYS[4], checkpoint_id .. NUL .. ns)
+    local fields = redis.call("ZRANGEBYLEX", KEYS[7], "[" .. member .. NUL, "(" .. member .. "\1")
+    for _, field in ipairs(fields) do
+        redis.call("HDEL", KEYS[6], field)
+        redis.call("ZREM", KEYS[7], field)
+    end
+end
+
+-- Deletes the channel values of a namespace that no remaining checkpoint refers to.
+local function collect_blobs(ns)
+    local low, high = ns_bounds(ns)
+    local referenced = {}
+    for _, member in ipairs(redis.call("ZRANGEBYLEX", KEYS[3], low, high)) do
+        local record = cjson.decode(redis.call("HGET", KEYS[2], member))
+        for _, value in ipairs(record.v) do
+            referenced[ns .. NUL .. value] = true
+        end
+    end
+    local prefix = ns .. NUL
+    for _, field in ipairs(redis.call("HKEYS", KEYS[5])) do
+        if string.sub(field, 1, #prefix) == prefix and not referenced[field] then
+            redis.call("HDEL", KEYS[5], field)
+        end
+    end
+end
+
+-- Keeps the newest `keep` checkpoints of a namespace; returns how many were removed.
+local function keep_newest(ns, keep)
+    local low, high = ns_bounds(ns)
+    local count = redis.call("ZLEXCOUNT", KEYS[3], low, high)
+    if count <= keep then
+        return 0
+    end
+    local old = redis.call("ZRANGEBYLEX", KEYS[3], low, high, "LIMIT", 0, count - keep)
+    for _, member in ipairs(old) do
+        drop_checkpoint(ns, string.sub(member, #ns + 2))
+    end
+    collect_blobs(ns)
+    return #old
+end
+
+-- The namespaces the thread holds checkpoints in.
+local function namespaces()
+    local seen, out = {}, {}
+    for _, member in ipairs(redis.call("ZRANGE", KEYS[3], 0, -1)) do
+        local ns = string.sub(member, 1, string.find(member, NUL, 1, true) - 1)
+        if not seen[ns] then
+            seen[ns] = true
+            out[#out + 1] = ns
+        end
+    end
+    return out
+end
+

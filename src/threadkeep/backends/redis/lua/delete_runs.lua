@@ -1,0 +1,29 @@
+-- delete_runs.lua: delete the checkpoints (and their writes) whose run id is one of ARGV[2..],
+-- then the channel values no checkpoint refers to any more.
+-- KEYS: the nine keys of the thread (see _prelude.lua).
+-- ARGV[1] owner filter ("" = any); ARGV[2..] run ids.
+-- Returns how many checkpoints were removed.
+if ARGV[1] ~= "" and redis.call("HGET", KEYS[1], "owner") ~= ARGV[1] then
+    return 0
+end
+local runs = {}
+for i = 2, #ARGV do
+    runs[ARGV[i]] = true
+end
+local removed, touched = 0, {}
+local entries = redis.call("HGETALL", KEYS[2])
+for i = 1, #entries, 2 do
+    local record = cjson.decode(entries[i + 1])
+    if record.r ~= cjson.null and runs[record.r] then
+        local member = entries[i]
+        local split = string.find(member, NUL, 1, true)
+        local ns = string.sub(member, 1, split - 1)
+        drop_checkpoint(ns, string.sub(member, split + 1))
+        touched[ns] = true
+        removed = removed + 1
+    end
+end
+for ns, _ in pairs(touched) do
+    collect_blobs(ns)
+end
+return removed

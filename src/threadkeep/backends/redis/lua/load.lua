@@ -1,0 +1,79 @@
+-- load.lua: checkpoints with their channel values, pending writes and message lists, in
+-- one round trip. Never extends a TTL (SPEC R2).
+-- KEYS: the nine keys of the thread (see _prelude.lua).
+-- ARGV[1] owner filter ("" = any owner)   ARGV[2] list tails the caller holds already
+--         (concatenated 16-byte nodes: those lists are not sent again)
+-- ARGV[3] k, then k pairs: namespace, checkpoint id ("" = the newest of the namespace)
+-- Returns k entries, each {} when absent (or another user's), else
+--   {checkpoint id, record, {blob field, blob value, ...}, {write field, write value, ...},
+--    {tail, message, message, ...}, ...}: one list per message list not held by the caller,
+--   messages oldest first, each "<type>\0<value>".
+if ARGV[1] ~= "" and redis.call("HGET", KEYS[1], "owner") ~= ARGV[1] then
+    local empty = {}
+    for i = 1, tonumber(ARGV[3]) do
+        empty[i] = {}
+    end
+    return empty
+end
+local held = {}
+for i = 1, #ARGV[2], 16 do
+    held[string.sub(ARGV[2], i, i + 15)] = true
+end
+local out = {}
+for i = 1, tonumber(ARGV[3]) do
+    local ns, checkpoint_id = ARGV[2 + 2 * i], ARGV[3 + 2 * i]
+    if checkpoint_id == "" then
+        checkpoint_id = head_of(ns)
+    end
+    local record = checkpoint_id and redis.call("HGET", KEYS[2], ns .. NUL .. checkpoint_id)
+    if not record then
+        out[i] = {}
+    else
+        local entry = {checkpoint_id, record}
+        local blobs = {}
+        for _, value in ipairs(cjson.decode(record).v) do
+            local field = ns .. NUL .. value
+            local blob = redis.call("HGET", KEYS[5], field)
+            if blob then
+                blobs[#blobs + 1] = value
+                blobs[#blobs + 1] = blob
+                if string.sub(blob, 1, 6) == "chain" .. NUL and not held[string.sub(blob, 7, 22)] then
+                    local tail = string.sub(blob, 7, 22)
+                    local count = 0
+                    for b = 23, 26 do
+                        count = count * 256 + string.byte(blob, b)
+                    end
+                    local messages = {}
+                    local node = tail
+                    for position = count, 1, -1 do
+                        local link = redis.call("HGET", KEYS[9], node)
+                        if not link then
+                            break
+                        end
+                        messages[position] = redis.call("HGET", KEYS[8], string.sub(link, 1, 16)) or ""
+                        node = string.sub(link, 17)
+                    end
+                    local list = {tail}
+                    for position = 1, count do
+                        list[position + 1] = messages[position] or ""
+                    end
+                    entry[#entry + 1] = list
+                    held[tail] = true
+                end
+            end
+        end
+        local writes = {}
+        local member = ns .. NUL .. checkpoint_id
+        for _, field in ipairs(redis.call("ZRANGEBYLEX", KEYS[7], "[" .. member .. NUL, "(" .. member .. "\1")) do
+            local value = redis.call("HGET", KEYS[6], field)
+            if value then
+                writes[#writes + 1] = string.sub(field, #member + 2)
+                writes[#writes + 1] = value
+            end
+        end
+        table.insert(entry, 3, blobs)
+        table.insert(entry, 4, writes)
+        out[i] = entry
+    end
+end
+return out

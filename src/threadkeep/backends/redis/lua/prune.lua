@@ -1,0 +1,13 @@
+-- prune.lua: keep only the newest checkpoint of every namespace (LangGraph's "keep_latest"),
+-- with its writes and the channel values it refers to.
+-- KEYS: the nine keys of the thread (see _prelude.lua).
+-- ARGV[1] owner filter ("" = any)
+-- Returns how many checkpoints were removed.
+if ARGV[1] ~= "" and redis.call("HGET", KEYS[1], "owner") ~= ARGV[1] then
+    return 0
+end
+local removed = 0
+for _, ns in ipairs(namespaces()) do
+    removed = removed + keep_newest(ns, 1)
+end
+return removed

@@ -1,0 +1,62 @@
+-- put.lua: store one checkpoint, its changed channel values and its new messages, atomically
+-- (SPEC W1), if the owner (W3) and head (W2) rules allow it.
+-- KEYS: the nine keys of the thread (see _prelude.lua).
+-- ARGV[1] thread id          ARGV[2] writer (user id)    ARGV[3] required owner ("" = any)
+-- ARGV[4] now (s)            ARGV[5] ttl (ms)            ARGV[6] namespace
+-- ARGV[7] checkpoint id      ARGV[8] required parent ("" = none: a new root or an explicit
+--                            branch; else the head must be it, unless the checkpoint is stored)
+-- ARGV[9] checkpoint record  ARGV[10] history limit ("0" = none)
+-- ARGV[11] c, then c nodes that must be stored already (each message list's known prefix)
+-- then n, then n pairs: blob field "<channel>\0<version>", "<type>\0<value>"
+-- then m, then m pairs: message digest, "<type>\0<value>"   (stored if absent)
+-- then l, then l pairs: link node, "<digest><prev>"          (stored if absent)
+-- Returns {"ok"}, {"forbidden", owner}, {"stale", head or ""}, or {"resend", index of the
+-- list whose prefix is missing: the caller probes the links and sends the whole rest}.
+local ns, checkpoint_id, parent = ARGV[6], ARGV[7], ARGV[8]
+
+local owner = redis.call("HGET", KEYS[1], "owner")
+if owner and ARGV[3] ~= "" and owner ~= ARGV[3] then
+    return {"forbidden", owner}
+end
+local member = ns .. NUL .. checkpoint_id
+if parent ~= "" then
+    local head = head_of(ns)
+    if head ~= parent and redis.call("HEXISTS", KEYS[2], member) == 0 then
+        return {"stale", head or ""}
+    end
+end
+
+local at = 11
+local prefixes = tonumber(ARGV[at])
+for i = 1, prefixes do
+    if redis.call("HEXISTS", KEYS[9], ARGV[at + i]) == 0 then
+        return {"resend", i}
+    end
+end
+at = at + prefixes + 1
+
+own(ARGV[1], ARGV[2], ARGV[4])
+local blobs = tonumber(ARGV[at])
+for i = 1, blobs do
+    redis.call("HSET", KEYS[5], ns .. NUL .. ARGV[at + 2 * i - 1], ARGV[at + 2 * i])
+end
+at = at + 2 * blobs + 1
+local messages = tonumber(ARGV[at])
+for i = 1, messages do
+    redis.call("HSETNX", KEYS[8], ARGV[at + 2 * i - 1], ARGV[at + 2 * i])
+end
+at = at + 2 * messages + 1
+local links = tonumber(ARGV[at])
+for i = 1, links do
+    redis.call("HSETNX", KEYS[9], ARGV[at + 2 * i - 1], ARGV[at + 2 * i])
+end
+
+redis.call("HSET", KEYS[2], member, ARGV[9])
+redis.call("ZADD", KEYS[3], 0, member)
+redis.call("ZADD", KEYS[4], 0, checkpoint_id .. NUL .. ns)
+local limit = tonumber(ARGV[10])
+if limit > 0 then
+    keep_newest(ns, limit)
+end
+touch(ARGV[5])
+return {"ok"}

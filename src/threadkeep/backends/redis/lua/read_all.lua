@@ -1,0 +1,18 @@
+-- read_all.lua: everything a thread holds, for copy_thread. Reads only.
+-- KEYS: the nine keys of the thread (see _prelude.lua).
+-- ARGV[1] owner filter ("" = any)
+-- Returns {} when there is no thread to see, else {HGETALL cps, HGETALL blobs,
+-- HGETALL writes, HGETALL msgs, HGETALL links} (the sorted sets follow from these).
+if ARGV[1] ~= "" and redis.call("HGET", KEYS[1], "owner") ~= ARGV[1] then
+    return {}
+end
+if redis.call("EXISTS", KEYS[1]) == 0 then
+    return {}
+end
+return {
+    redis.call("HGETALL", KEYS[2]),
+    redis.call("HGETALL", KEYS[5]),
+    redis.call("HGETALL", KEYS[6]),
+    redis.call("HGETALL", KEYS[8]),
+    redis.call("HGETALL", KEYS[9]),
+}

@@ -1,0 +1,18 @@
+-- stats.lua: what one thread holds. Reads only.
+-- KEYS: the nine keys of the thread (see _prelude.lua).
+-- Returns {checkpoints, channel values, writes, messages, payload bytes}.
+local bytes = 0
+for _, key in ipairs({KEYS[2], KEYS[5], KEYS[6], KEYS[8]}) do
+    local entries = redis.call("HGETALL", key)
+    for i = 2, #entries, 2 do
+        bytes = bytes + #entries[i]
+    end
+end
+bytes = bytes + 48 * redis.call("HLEN", KEYS[9])
+return {
+    redis.call("HLEN", KEYS[2]),
+    redis.call("HLEN", KEYS[5]),
+    redis.call("HLEN", KEYS[6]),
+    redis.call("HLEN", KEYS[8]),
+    bytes,
+}
