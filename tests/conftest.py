@@ -9,14 +9,26 @@ from typing import Any
 
 import pytest
 
-from tests.providers import CASES, SHARED_STORE, Opener, ProviderCase, drop_postgres_schemas, require
+from tests.providers import (
+    CASES,
+    SHARED_STORE,
+    Opener,
+    ProviderCase,
+    drop_postgres_schemas,
+    drop_redis_prefixes,
+    require,
+)
 
 CONFORMANCE_REPORTS: list[str] = []
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Run every test that takes ``provider`` (or a saver) on every provider, or on those its
+    ``@pytest.mark.providers(...)`` names (for what is truly specific to some stores)."""
     if "provider" in metafunc.fixturenames:
-        metafunc.parametrize("provider", list(CASES.values()), ids=list(CASES), indirect=True)
+        marker = metafunc.definition.get_closest_marker("providers")
+        names = list(marker.args) if marker else list(CASES)
+        metafunc.parametrize("provider", [CASES[n] for n in names], ids=names, indirect=True)
 
 
 _PROBED: dict[str, str | None] = {}
@@ -54,6 +66,7 @@ def open_saver(provider: ProviderCase, tmp_path: Path) -> Iterator[Opener]:
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     drop_postgres_schemas()
+    drop_redis_prefixes()
 
 
 @pytest.fixture

@@ -78,14 +78,52 @@ def _postgres(tmp_path: Path, unique: str) -> Opener:
     return lambda **options: open_checkpointer("postgres", dsn, settings=Settings(), **options)
 
 
+REDIS_URL = os.environ.get("THREADKEEP_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+_PREFIXES: list[str] = []
+
+
+def redis_probe() -> str | None:
+    try:
+        import redis
+
+        redis.Redis.from_url(REDIS_URL, socket_connect_timeout=3).ping()
+        return None
+    except Exception as exc:
+        return f"no Redis at {REDIS_URL!r} ({exc})"
+
+
+def drop_redis_prefixes() -> None:
+    if not _PREFIXES:
+        return
+    import redis
+
+    client = redis.Redis.from_url(REDIS_URL)
+    for prefix in _PREFIXES:
+        for key in client.scan_iter(match=f"{prefix}:*", count=1000):
+            client.delete(key)
+    _PREFIXES.clear()
+
+
+def _redis(tmp_path: Path, unique: str) -> Opener:
+    prefix = f"tktest{unique[:12]}"
+    _PREFIXES.append(prefix)
+
+    def open_(**options: Any) -> ThreadkeepSaver:
+        options.setdefault("key_prefix", prefix)
+        return open_checkpointer("redis", REDIS_URL, settings=Settings(), **options)
+
+    return open_
+
+
 CASES: dict[str, ProviderCase] = {
     "memory": ProviderCase("memory", _memory),
     "sqlite": ProviderCase("sqlite", _sqlite),
     "postgres": ProviderCase("postgres", _postgres, postgres_probe),
+    "redis": ProviderCase("redis", _redis, redis_probe),
 }
 
 # Providers whose store several saver instances (and processes) share.
-SHARED_STORE = frozenset({"sqlite", "postgres"})
+SHARED_STORE = frozenset({"sqlite", "postgres", "redis"})
 
 
 def require(case: ProviderCase, reason: str | None) -> None:

@@ -66,7 +66,8 @@ class ProviderFacts:
 class Backend(Protocol):
     """The storage operations of one store, as program factories run on its engine."""
 
-    engine: Engine
+    @property
+    def engine(self) -> Engine: ...
 
     def put(self, step: PutStep) -> Program[RunnableConfig]: ...
 

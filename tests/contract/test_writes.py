@@ -29,30 +29,61 @@ def checkpoint_ids(saver: Any, thread_id: str, **extra: Any) -> list[str]:
 # --- W1 -------------------------------------------------------------------------------------
 
 
-def test_w1_a_step_that_fails_mid_transaction_stores_nothing(
-    saver: Any, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def _interrupted_put(original: Any, before_request: int, interrupted: list[bool]) -> Any:
+    """A put program that fails right before it would send request number ``before_request``
+    (and records whether it got that far)."""
+
+    def put(step: Any) -> Iterator[Any]:
+        program = original(step)
+        reply = None
+        sent = 0
+        while True:
+            try:
+                request = program.send(reply)
+            except StopIteration as done:
+                return done.value
+            if sent == before_request:
+                program.close()
+                interrupted.append(True)
+                raise RuntimeError("the connection died mid-step")
+            reply = yield request
+            sent += 1
+
+    return put
+
+
+def test_w1_a_step_that_fails_midway_stores_nothing(saver: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Whatever request a step fails before, none of its checkpoint, values or messages remain.
+
+    (SQL stores commit at the end of the transaction; Redis writes the whole step in its
+    last request, one atomic script.)
+    """
     graph = build_agent(saver)
     graph.invoke(turn_input(0), cfg("atomic"))
-    before = dict(saver.stats())
     head = saver.get_tuple(cfg("atomic"))
+    before = dict(saver.stats())
     original = saver.backend.put
-
-    def put_then_fail(step: Any) -> Iterator[Any]:
-        yield from original(step)  # every row of the step is written ...
-        raise RuntimeError("the connection died before COMMIT")  # ... then the step fails
-
-    monkeypatch.setattr(saver.backend, "put", put_then_fail)
-    with pytest.raises((RuntimeError, StorageError), match="before COMMIT"):
-        graph.invoke(turn_input(1), cfg("atomic"))
-    monkeypatch.undo()
-
-    after = saver.stats()
-    # pending writes are LangGraph's separate put_writes call; the step itself left nothing
-    for key in ("threads", "checkpoints", "channel_values", "messages"):
-        assert after[key] == before[key], key
-    assert saver.get_tuple(cfg("atomic")).checkpoint["id"] == head.checkpoint["id"]
-    assert saver.get_tuple(cfg("atomic")).checkpoint["channel_values"] == head.checkpoint["channel_values"]
+    for position in range(10):
+        interrupted: list[bool] = []
+        monkeypatch.setattr(saver.backend, "put", _interrupted_put(original, position, interrupted))
+        failure: BaseException | None = None
+        try:
+            graph.invoke(turn_input(1), cfg("atomic"))
+        except (RuntimeError, StorageError) as error:
+            failure = error
+        monkeypatch.undo()
+        if not interrupted:  # the step has fewer requests: it completed, as it should
+            assert failure is None
+            assert position > 0
+            break
+        assert "mid-step" in str(failure)
+        after = saver.stats()
+        # pending writes are LangGraph's separate put_writes call; the step itself left nothing
+        for key in ("threads", "checkpoints", "channel_values", "messages"):
+            assert after[key] == before[key], (position, key)
+        assert (
+            saver.get_tuple(cfg("atomic")).checkpoint["channel_values"] == head.checkpoint["channel_values"]
+        )
 
 
 # --- W2 -------------------------------------------------------------------------------------

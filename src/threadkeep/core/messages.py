@@ -33,6 +33,7 @@ __all__ = [
     "EncodingMemo",
     "MessageChain",
     "chain_ref",
+    "digest_of",
     "is_message_list",
     "parse_chain_ref",
 ]
@@ -46,7 +47,8 @@ def is_message_list(value: object) -> bool:
     return type(value) is list and bool(value) and all(isinstance(m, BaseMessage) for m in value)
 
 
-def _digest(kind: str, payload: bytes) -> bytes:
+def digest_of(kind: str, payload: bytes) -> bytes:
+    """The digest a stored message is kept under: its type and its encoding."""
     return hashlib.blake2b(kind.encode() + b"\x00" + payload, digest_size=_HASH_BYTES).digest()
 
 
@@ -132,6 +134,9 @@ class ContentCache:
         self._payloads: OrderedDict[bytes, tuple[str, bytes]] = OrderedDict()
         self._bytes = 0
         self._guard = threading.Lock()
+        # thread id -> tails lately kept for it: a store that can skip sending lists the
+        # reader holds (Redis) is told these.
+        self._recent: OrderedDict[str, list[bytes]] = OrderedDict()
 
     def messages(self, tail: bytes) -> list[tuple[str, bytes]] | None:
         """The (type, payload) of every message of the list ending at ``tail``, if all known."""
@@ -146,19 +151,37 @@ class ContentCache:
             self._lists.move_to_end(tail)
             return out  # type: ignore[return-value]
 
-    def keep(self, tail: bytes, messages: Sequence[tuple[bytes, str, bytes]]) -> None:
+    def keep(self, tail: bytes, messages: Sequence[tuple[bytes, str, bytes]], thread_id: str = "") -> None:
         """Remember the list ending at ``tail`` and the payloads of its messages."""
-        self._keep(tail, tuple(digest for digest, _, _ in messages), messages)
+        self._keep(tail, tuple(digest for digest, _, _ in messages), messages, thread_id)
 
-    def keep_chain(self, chain: MessageChain) -> None:
+    def keep_chain(self, chain: MessageChain, thread_id: str = "") -> None:
         """Remember what a put encoded: its list, and the payloads it has at hand."""
         encoded = [(chain.digests[position], *payload) for position, payload in chain.encoded()]
-        self._keep(chain.tail, chain.digests, encoded)
+        self._keep(chain.tail, chain.digests, encoded, thread_id)
+
+    def recent_tails(self, thread_id: str) -> list[bytes]:
+        """Tails lately kept for ``thread_id`` whose whole list this cache still holds."""
+        with self._guard:
+            tails = list(self._recent.get(thread_id, ()))
+        return [tail for tail in tails if self.messages(tail) is not None]
 
     def _keep(
-        self, tail: bytes, digests: tuple[bytes, ...], payloads: Sequence[tuple[bytes, str, bytes]]
+        self,
+        tail: bytes,
+        digests: tuple[bytes, ...],
+        payloads: Sequence[tuple[bytes, str, bytes]],
+        thread_id: str,
     ) -> None:
         with self._guard:
+            if thread_id:
+                recent = self._recent.setdefault(thread_id, [])
+                if tail not in recent:
+                    recent.append(tail)
+                    del recent[:-4]
+                self._recent.move_to_end(thread_id)
+                while len(self._recent) > self.max_lists:
+                    self._recent.popitem(last=False)
             self._lists[tail] = digests
             self._lists.move_to_end(tail)
             while len(self._lists) > self.max_lists:
@@ -190,7 +213,7 @@ class MessageChain:
     only if the store turns out not to hold it (:meth:`payload`).
     """
 
-    __slots__ = ("_messages", "_payloads", "_serde", "channel", "digests", "nodes", "version")
+    __slots__ = ("_messages", "_payloads", "_serde", "channel", "digests", "nodes", "reused", "version")
 
     def __init__(
         self,
@@ -219,7 +242,7 @@ class MessageChain:
                 digest = entry[1]
             else:
                 kind, payload = self._encode(position)
-                digest = _digest(kind, payload)
+                digest = digest_of(kind, payload)
                 self._payloads[position] = (kind, payload)
             if fingerprint is not None:
                 current.digests[id(message)] = (fingerprint, digest)
@@ -231,6 +254,9 @@ class MessageChain:
             memo.keep(memo_key, current)
         self.nodes = tuple(nodes)
         self.digests = tuple(digests)
+        # How many leading messages the memo answered: the previous put of this list sent
+        # them, so they are likely stored (a store that must know checks the last one's link).
+        self.reused = next((i for i in range(len(nodes)) if i in self._payloads), len(nodes))
 
     def _encode(self, position: int) -> tuple[str, bytes]:
         try:

@@ -126,6 +126,7 @@ class PutStep:
     branch_from: str | None
     checkpoint: bytes
     metadata: bytes
+    versions: tuple[tuple[str, str], ...]  # (channel, version key) of every channel it holds
     blobs: tuple[BlobRow, ...]
     chains: tuple[MessageChain, ...]
     now: float
@@ -190,7 +191,7 @@ def prepare_put(
                 memo_key = (target.thread_id, target.checkpoint_ns, channel)
                 chain = MessageChain(channel, key, value, serde, memo=memo, memo_key=memo_key)
                 if content is not None:
-                    content.keep_chain(chain)
+                    content.keep_chain(chain, target.thread_id)
             except CheckpointSerializationError as error:
                 raise error.under(path) from None
             chains.append(chain)
@@ -209,6 +210,9 @@ def prepare_put(
         branch_from=configurable.get(BRANCH_KEY),
         checkpoint=_encode_structure(structure, "checkpoint"),
         metadata=_encode_structure(stored_metadata, "metadata"),
+        versions=tuple(
+            (channel, version_key(version)) for channel, version in checkpoint["channel_versions"].items()
+        ),
         blobs=tuple(blobs),
         chains=tuple(chains),
         now=now,

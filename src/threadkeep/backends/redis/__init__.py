@@ -1,0 +1,148 @@
+"""The Redis provider: plain Redis 6.2+ (or Valkey), no modules, single server or Cluster.
+
+Each step is one Lua script over the nine keys of one thread, which share a hash tag; every
+key a write stores carries the thread's waiting retention as its TTL (SPEC R1-R3). redis-py
+is imported when a Redis saver is first built (``pip install 'threadkeep[redis]'``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.base import CheckpointTuple
+from langgraph.checkpoint.serde.base import SerializerProtocol
+
+from threadkeep.core.identity import Actor
+from threadkeep.core.messages import ContentCache
+from threadkeep.core.program import Program
+from threadkeep.core.records import ListQuery, PutStep, Target, WritesStep
+from threadkeep.core.retry import RetryPolicy
+from threadkeep.errors import ConfigurationError, MissingExtraError
+from threadkeep.providers import FACTS, SaverOptions, register_provider, saver_kwargs
+from threadkeep.saver import ThreadkeepSaver
+from threadkeep.settings import Settings
+
+if TYPE_CHECKING:
+    from threadkeep.backends.redis.engine import RedisEngine
+    from threadkeep.backends.redis.keys import KeySpace
+
+__all__ = ["RedisBackend", "build_redis", "open_redis_backend"]
+
+_OPTIONS = frozenset({"client", "async_client", "key_prefix", "cluster"})
+
+
+class RedisBackend:
+    """The storage operations of one Redis store, as program factories.
+
+    Args:
+        engine: Runs the programs (owns the clients it opened).
+        space: The store's keys.
+        ttl_ms: The waiting retention every write gives the thread's keys (SPEC R2).
+    """
+
+    def __init__(self, engine: RedisEngine, space: KeySpace, ttl_ms: int) -> None:
+        from threadkeep.backends.redis import programs
+
+        self.engine = engine
+        self.space = space
+        self.ttl_ms = ttl_ms
+        self._programs = programs
+
+    def open(self) -> None:
+        """Check the format gate and record this generation (SPEC P6)."""
+        self.engine.setup(lambda: self._programs.ensure_format(self.space))
+        self.engine.setup(lambda: self._programs.record_format(self.space))
+
+    def put(self, step: PutStep) -> Program[RunnableConfig]:
+        return self._programs.put(self.space, step, self.ttl_ms)
+
+    def put_writes(self, step: WritesStep) -> Program[None]:
+        return self._programs.put_writes(self.space, step, self.ttl_ms)
+
+    def get_tuple(
+        self, target: Target, serde: SerializerProtocol, content: ContentCache
+    ) -> Program[CheckpointTuple | None]:
+        return self._programs.get_tuple(self.space, target, serde, content)
+
+    def list_page(
+        self, query: ListQuery, serde: SerializerProtocol, content: ContentCache
+    ) -> Program[tuple[list[CheckpointTuple], ListQuery | None]]:
+        return self._programs.list_page(self.space, query, serde, content)
+
+    def delete_thread(self, thread_id: str, owner: str | None) -> Program[bool]:
+        return self._programs.delete_thread(self.space, thread_id, owner)
+
+    def delete_for_runs(self, run_ids: Sequence[str], owner: str | None) -> Program[int]:
+        return self._programs.delete_for_runs(self.space, run_ids, owner)
+
+    def copy_thread(self, source: str, target: str, actor: Actor, now: float) -> Program[bool]:
+        return self._programs.copy_thread(self.space, source, target, actor, now=now, ttl_ms=self.ttl_ms)
+
+    def prune(self, thread_ids: Iterable[str], strategy: str, owner: str | None) -> Program[None]:
+        return self._programs.prune(self.space, thread_ids, strategy, owner)
+
+    def stats(self, thread_id: str | None = None) -> dict[str, Any]:
+        return self.engine.run(lambda: self._programs.stats(self.space, thread_id))
+
+    def location(self) -> str:
+        return f"{self.engine.location} (keys {self.space.prefix}:*)"
+
+    def check(self) -> None:
+        self.engine.setup(lambda: self._programs.ensure_format(self.space))
+
+    def reset(self) -> None:
+        self.engine.setup(lambda: self._programs.reset(self.space))
+
+
+def open_redis_backend(settings: Settings, *, gate: bool = True, **options: Any) -> RedisBackend:
+    """Open the Redis store the settings name; with ``gate``, run the format gate."""
+    try:
+        from threadkeep.backends.redis.engine import RedisEngine, is_connection_error
+        from threadkeep.backends.redis.keys import KeySpace
+    except ImportError as exc:  # pragma: no cover - exercised only without the extra
+        raise MissingExtraError("the redis provider needs redis-py: pip install 'threadkeep[redis]'") from exc
+    url = settings.redis_url_for("redis")
+    client = options.get("client")
+    if url is None and client is None:
+        raise ConfigurationError(
+            "the redis provider needs a server: set LLM_PROVIDER_CHECKPOINT_CONN_STRING (or REDIS_URL) "
+            "to a redis:// URL, or pass client=",
+            context={"variable": "LLM_PROVIDER_CHECKPOINT_CONN_STRING"},
+        )
+    engine = RedisEngine(
+        url or "redis://localhost:6379/0",
+        retry=RetryPolicy(
+            attempts=settings.retry_attempts,
+            backoff=settings.retry_backoff_seconds,
+            retryable=is_connection_error,
+            store="redis",
+        ),
+        cluster=options.get("cluster"),
+        client=client,
+        async_client=options.get("async_client"),
+        connect_timeout=settings.connect_timeout_seconds,
+    )
+    backend = RedisBackend(
+        engine, KeySpace(options.get("key_prefix", "tk")), settings.retention_waiting_minutes * 60_000
+    )
+    if gate:
+        try:
+            backend.open()
+        except BaseException:
+            engine.close()
+            raise
+    return backend
+
+
+def build_redis(settings: Settings, options: SaverOptions) -> ThreadkeepSaver:
+    backend = open_redis_backend(settings, **options.backend)
+    return ThreadkeepSaver(backend, FACTS["redis"], **saver_kwargs(settings, options))
+
+
+def _redis_admin(settings: Settings) -> RedisBackend:
+    return open_redis_backend(settings, gate=False)
+
+
+register_provider("redis", build_redis, _redis_admin, _OPTIONS)

@@ -1,0 +1,218 @@
+"""Runs Redis programs on redis-py clients, sync and async, plain or Cluster.
+
+A program yields :class:`Script` (an atomic Lua script on one thread's keys),
+:class:`Command` (one single-key command) or :class:`Scan` (every key matching a pattern,
+on every node). Scripts are loaded once per client and called with EVALSHA; redis-py loads
+a script again when the server answers NOSCRIPT (after a restart). A dropped connection
+retries the whole program as the retry policy says (SPEC W4): every script is atomic, and
+a step replayed after its reply was lost finds its checkpoint stored and passes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import weakref
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import cache, partial
+from importlib import resources
+from typing import Any, TypeVar
+from urllib.parse import urlsplit
+
+import redis
+import redis.asyncio
+import redis.asyncio.cluster
+import redis.cluster
+from redis.exceptions import BusyLoadingError, ClusterDownError, TryAgainError
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from threadkeep.core.program import ProgramFactory, drive, drive_async
+from threadkeep.core.retry import RetryPolicy
+
+__all__ = ["Command", "RedisEngine", "Scan", "Script", "is_connection_error", "script_source"]
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class Script:
+    """Run the Lua script ``name`` (a file in ``lua/``) on ``keys`` with ``args``."""
+
+    name: str
+    keys: Sequence[str]
+    args: Sequence[object]
+
+
+@dataclass(frozen=True, slots=True)
+class Command:
+    """Run one single-key Redis command, e.g. ``("SET", key, value, "NX")``."""
+
+    args: tuple[object, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Scan:
+    """Every key matching ``pattern``, on every primary of a cluster."""
+
+    pattern: str
+
+
+def is_connection_error(error: BaseException) -> bool:
+    """Whether ``error`` means the server went away or is not serving yet: worth a retry."""
+    return isinstance(
+        error, (RedisConnectionError, RedisTimeoutError, BusyLoadingError, ClusterDownError, TryAgainError)
+    )
+
+
+@cache
+def script_source(name: str) -> str:
+    """The Lua source of script ``name``: the shared prelude, then the script."""
+    folder = resources.files("threadkeep.backends.redis") / "lua"
+    return (folder / "_prelude.lua").read_text() + "\n" + (folder / f"{name}.lua").read_text()
+
+
+class RedisEngine:
+    """Clients and script calls for one Redis deployment.
+
+    Args:
+        url: The server's URL (``redis://``, ``rediss://``, ``unix://``).
+        retry: When a failed program runs again.
+        cluster: Whether the server is a Redis Cluster (``None``: ask it).
+        client: A sync client the application owns; used as given, never closed here.
+        async_client: An async client the application owns; used as given, never closed here.
+        connect_timeout: Seconds opening a connection may take.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        retry: RetryPolicy,
+        cluster: bool | None = None,
+        client: Any = None,
+        async_client: Any = None,
+        connect_timeout: float = 10.0,
+    ) -> None:
+        self.url = url
+        self.retry = retry
+        self._given = client
+        self._given_async = async_client
+        self._timeout = connect_timeout
+        self._client: Any = None
+        self._async_clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._scripts: dict[tuple[int, str], Any] = {}
+        self.cluster = self._is_cluster() if cluster is None else cluster
+
+    @property
+    def location(self) -> str:
+        """The URL without its password."""
+        parsed = urlsplit(self.url)
+        netloc = parsed.hostname or ""
+        if parsed.port:
+            netloc += f":{parsed.port}"
+        return f"{parsed.scheme}://{netloc}{parsed.path}"
+
+    def _is_cluster(self) -> bool:
+        client = self._given or redis.Redis.from_url(self.url, socket_connect_timeout=self._timeout)
+        try:
+            info = client.info("cluster")
+            return bool(info.get("cluster_enabled"))
+        except redis.ResponseError:
+            return False
+        finally:
+            if client is not self._given:
+                client.close()
+
+    def _sync(self) -> Any:
+        if self._given is not None:
+            return self._given
+        if self._client is None:
+            factory = redis.cluster.RedisCluster if self.cluster else redis.Redis
+            self._client = factory.from_url(
+                self.url, socket_connect_timeout=self._timeout, health_check_interval=30
+            )
+        return self._client
+
+    def _async(self) -> Any:
+        if self._given_async is not None:
+            return self._given_async
+        loop = asyncio.get_running_loop()
+        client = self._async_clients.get(loop)
+        if client is None:
+            factory = redis.asyncio.cluster.RedisCluster if self.cluster else redis.asyncio.Redis
+            client = factory.from_url(self.url, socket_connect_timeout=self._timeout)
+            self._async_clients[loop] = client
+        return client
+
+    def _script(self, client: Any, name: str) -> Any:
+        key = (id(client), name)
+        script = self._scripts.get(key)
+        if script is None:
+            script = self._scripts[key] = client.register_script(script_source(name))
+        return script
+
+    def run(self, make: ProgramFactory[T], *, write: bool = False) -> T:
+        """Run one program, retrying it whole after a dropped connection."""
+        tries = 0
+        while True:
+            tries += 1
+            try:
+                return drive(make(), partial(self._execute, self._sync()))
+            except Exception as error:
+                time.sleep(self.retry.delay_after(error, tries))
+
+    async def arun(self, make: ProgramFactory[T], *, write: bool = False) -> T:
+        """The same as :meth:`run`, on the event loop's own client."""
+        tries = 0
+        while True:
+            tries += 1
+            try:
+                return await drive_async(make(), partial(self._execute_async, self._async()))
+            except Exception as error:
+                await asyncio.sleep(self.retry.delay_after(error, tries))
+
+    def setup(self, make: ProgramFactory[T]) -> T:
+        """Run a format-gate program (Redis has no schema to migrate)."""
+        return self.run(make)
+
+    def _execute(self, client: Any, request: Any) -> Any:
+        if isinstance(request, Script):
+            return self._script(client, request.name)(
+                keys=list(request.keys), args=list(request.args), client=client
+            )
+        if isinstance(request, Command):
+            return client.execute_command(*request.args)
+        if isinstance(request, Scan):
+            return sorted(set(client.scan_iter(match=request.pattern, count=1000)))
+        raise TypeError(f"the redis engine cannot run {request!r}")
+
+    async def _execute_async(self, client: Any, request: Any) -> Any:
+        if isinstance(request, Script):
+            script = self._script(client, request.name)
+            return await script(keys=list(request.keys), args=list(request.args), client=client)
+        if isinstance(request, Command):
+            return await client.execute_command(*request.args)
+        if isinstance(request, Scan):
+            return sorted({key async for key in client.scan_iter(match=request.pattern, count=1000)})
+        raise TypeError(f"the redis engine cannot run {request!r}")
+
+    def close(self) -> None:
+        """Close the clients this engine opened; clients it was given stay open."""
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+        for loop, client in list(self._async_clients.items()):
+            if not loop.is_closed() and not loop.is_running():
+                loop.run_until_complete(client.aclose())
+        self._async_clients.clear()
+
+    async def aclose(self) -> None:
+        """Close the clients this engine opened, from inside an event loop."""
+        client = self._async_clients.pop(asyncio.get_running_loop(), None)
+        if client is not None:
+            await client.aclose()
+        self.close()

@@ -1,0 +1,478 @@
+"""The storage operations for Redis, as programs over the Lua scripts in ``lua/``.
+
+Each step is one atomic script (SPEC W1, R1). The rules are decided here, in Python, and
+the scripts enforce their answers server-side: the owner a write needs (W3) and the head a
+put needs (:func:`~threadkeep.core.rules.required_head`, W2).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import orjson
+from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.base import CheckpointTuple
+from langgraph.checkpoint.serde.base import SerializerProtocol
+
+from threadkeep.backends.redis.engine import Command, Scan, Script
+from threadkeep.backends.redis.keys import KeySpace
+from threadkeep.backends.sql.programs import FORMAT_GENERATION
+from threadkeep.core.identity import Actor
+from threadkeep.core.messages import ContentCache, digest_of
+from threadkeep.core.program import Program
+from threadkeep.core.records import (
+    ListQuery,
+    PutStep,
+    StoredCheckpoint,
+    Target,
+    WritesStep,
+    decode_structure,
+    matches_filter,
+)
+from threadkeep.core.rules import required_head
+from threadkeep.errors import (
+    CheckpointDeleteError,
+    CheckpointSerializationError,
+    CheckpointStoreFormatError,
+    StaleStateError,
+    StorageError,
+    StorageForbiddenError,
+)
+
+__all__ = [
+    "copy_thread",
+    "delete_for_runs",
+    "delete_thread",
+    "ensure_format",
+    "get_tuple",
+    "list_page",
+    "prune",
+    "put",
+    "put_writes",
+    "record_format",
+    "reset",
+    "stats",
+]
+
+NUL = b"\0"
+# A put sends the messages after what the previous put of the list sent; when more than
+# this many are new to this process, it first asks which the store holds.
+_PROBE_AFTER = 32
+_PUT_TRIES = 3
+
+
+def _required_owner(actor: Actor) -> str:
+    return actor.user_id if actor.checks_owner else ""
+
+
+def _record(step: PutStep) -> bytes:
+    return orjson.dumps(
+        {
+            "p": step.parent_id,
+            "r": step.run_id,
+            "t": step.now,
+            "c": step.checkpoint.decode(),
+            "m": step.metadata.decode(),
+            "v": [f"{channel}\0{version}" for channel, version in step.versions],
+        }
+    )
+
+
+def _put_args(step: PutStep, ttl_ms: int, known: list[int]) -> list[object]:
+    target = step.target
+    required = required_head(parent_id=step.parent_id, source=step.source, branch_from=step.branch_from)
+    args: list[object] = [
+        target.thread_id,
+        target.actor.user_id,
+        _required_owner(target.actor),
+        step.now,
+        ttl_ms,
+        target.checkpoint_ns,
+        step.checkpoint_id,
+        required or "",
+        _record(step),
+        step.history_limit or 0,
+    ]
+    prefixes = [chain.nodes[count - 1] for chain, count in zip(step.chains, known, strict=True) if count]
+    args += [len(prefixes), *prefixes]
+    args.append(len(step.blobs))
+    for blob in step.blobs:
+        args += [f"{blob.channel}\0{blob.version}", blob.type.encode() + NUL + blob.value]
+    messages: list[object] = []
+    links: list[object] = []
+    for chain, count in zip(step.chains, known, strict=True):
+        for i in range(count, len(chain.nodes)):
+            kind, payload = chain.payload(i)
+            messages += [chain.digests[i], kind.encode() + NUL + payload]
+            links += [chain.nodes[i], chain.digests[i] + (chain.prev(i) or b"")]
+    return [*args, len(messages) // 2, *messages, len(links) // 2, *links]
+
+
+def _stored_prefix(flags: Sequence[int]) -> int:
+    """Stored links are prefix-closed: the newest stored one settles the prefix."""
+    for position in range(len(flags) - 1, -1, -1):
+        if flags[position]:
+            return position + 1
+    return 0
+
+
+def put(space: KeySpace, step: PutStep, ttl_ms: int) -> Program[RunnableConfig]:
+    """Store one checkpoint step with one script (SPEC W1), in one round trip when the
+    message lists continue what this process put before."""
+    target = step.target
+    keys = space.thread(target.thread_id)
+    known = [chain.reused for chain in step.chains]
+    for position, chain in enumerate(step.chains):
+        if len(chain.nodes) - known[position] > _PROBE_AFTER:
+            known[position] = _stored_prefix((yield Script("probe", keys, chain.nodes)))
+    for _ in range(_PUT_TRIES):
+        reply = yield Script("put", keys, _put_args(step, ttl_ms, known))
+        status = reply[0]
+        if status == b"ok":
+            return step.result_config()
+        if status == b"forbidden":
+            raise StorageForbiddenError(target.thread_id, target.actor.user_id)
+        if status == b"stale":
+            raise StaleStateError(
+                target.thread_id, target.checkpoint_ns, step.parent_id, reply[1].decode() or None
+            )
+        # "resend": a list's prefix is not stored (deleted, or never committed): ask which is.
+        for position, chain in enumerate(step.chains):
+            known[position] = _stored_prefix((yield Script("probe", keys, chain.nodes)))
+    raise StorageError(f"thread {target.thread_id!r} kept changing under a put; try again")
+
+
+def put_writes(space: KeySpace, step: WritesStep, ttl_ms: int) -> Program[None]:
+    """Store a task's writes with one script."""
+    target = step.target
+    args: list[object] = [
+        target.thread_id,
+        target.actor.user_id,
+        _required_owner(target.actor),
+        step.now,
+        ttl_ms,
+        target.checkpoint_ns,
+        target.checkpoint_id,
+        step.history_limit or 0,
+        len(step.rows),
+    ]
+    for row in step.rows:
+        args += [
+            f"{row.task_id}\0{row.idx}",
+            NUL.join((row.task_path.encode(), row.channel.encode(), row.type.encode(), row.value)),
+            "1" if row.special else "0",
+        ]
+    reply = yield Script("put_writes", space.thread(target.thread_id), args)
+    if reply[0] == b"forbidden":
+        raise StorageForbiddenError(target.thread_id, target.actor.user_id)
+
+
+# --- reads -------------------------------------------------------------------------------
+
+
+def _stored(
+    thread_id: str, ns: str, entry: list[Any], branch: bool
+) -> tuple[StoredCheckpoint, dict[bytes, list[tuple[str, bytes]]]]:
+    """Decode one entry of load.lua's reply; returns it and the message lists it carried."""
+    checkpoint_id, record_bytes, blobs, writes, *lists = entry
+    record = orjson.loads(record_bytes)
+    stored = StoredCheckpoint(
+        thread_id=thread_id,
+        checkpoint_ns=ns,
+        branch=branch,
+        checkpoint_id=checkpoint_id.decode(),
+        parent_id=record["p"],
+        structure=decode_structure(record["c"], "checkpoint"),
+        metadata=decode_structure(record["m"], "metadata"),
+    )
+    for i in range(0, len(blobs), 2):
+        channel = blobs[i].split(NUL, 1)[0].decode()
+        kind, value = blobs[i + 1].split(NUL, 1)
+        stored.values.append((channel, kind.decode(), value))
+    for i in range(0, len(writes), 2):
+        task_id, idx = writes[i].split(NUL, 1)
+        path, channel, kind, value = writes[i + 1].split(NUL, 3)
+        stored.writes.append(
+            (path.decode(), task_id.decode(), int(idx), channel.decode(), kind.decode(), value)
+        )
+    carried: dict[bytes, list[tuple[str, bytes]]] = {}
+    for tail, *messages in lists:
+        if any(not message for message in messages):
+            raise CheckpointSerializationError(
+                "message history is incomplete: a message of the list is not stored",
+                path=f"thread {thread_id!r}",
+            )
+        carried[bytes(tail)] = [_split(message) for message in messages]
+    return stored, carried
+
+
+def _split(message: bytes) -> tuple[str, bytes]:
+    kind, payload = message.split(NUL, 1)
+    return kind.decode(), payload
+
+
+def _resolve(
+    stored: StoredCheckpoint, carried: dict[bytes, list[tuple[str, bytes]]], content: ContentCache
+) -> dict[bytes, list[tuple[str, bytes]]]:
+    """Every list the checkpoint needs: carried by the reply (and cached), or held already."""
+    lists: dict[bytes, list[tuple[str, bytes]]] = {}
+    for tail, count in stored.chains():
+        if tail in carried:
+            messages = carried[tail]
+            if len(messages) != count:
+                raise CheckpointSerializationError(
+                    f"message history holds {len(messages)} of {count} messages"
+                )
+            lists[tail] = messages
+            continue
+        held = content.messages(tail)
+        if held is None:
+            raise StorageError("a message list left the content cache during a read; read again")
+        lists[tail] = held
+    return lists
+
+
+def _remember(
+    stored: StoredCheckpoint, carried: dict[bytes, list[tuple[str, bytes]]], content: ContentCache
+) -> None:
+    for tail, messages in carried.items():
+        content.keep(
+            tail, [(digest_of(kind, payload), kind, payload) for kind, payload in messages], stored.thread_id
+        )
+
+
+def _load(
+    space: KeySpace,
+    thread_id: str,
+    owner: str | None,
+    wanted: Sequence[tuple[str, str]],
+    content: ContentCache,
+    *,
+    branch: bool,
+) -> Program[list[tuple[StoredCheckpoint, dict[bytes, list[tuple[str, bytes]]]] | None]]:
+    held = b"".join(content.recent_tails(thread_id))
+    args: list[object] = [owner or "", held, len(wanted)]
+    for ns, checkpoint_id in wanted:
+        args += [ns, checkpoint_id]
+    reply = yield Script("load", space.thread(thread_id), args)
+    out: list[tuple[StoredCheckpoint, dict[bytes, list[tuple[str, bytes]]]] | None] = []
+    for (ns, _), entry in zip(wanted, reply, strict=True):
+        out.append(_stored(thread_id, ns, entry, branch) if entry else None)
+    return out
+
+
+def get_tuple(
+    space: KeySpace, target: Target, serde: SerializerProtocol, content: ContentCache
+) -> Program[CheckpointTuple | None]:
+    """The addressed checkpoint, or the newest of its namespace, in one round trip."""
+    (found,) = yield from _load(
+        space,
+        target.thread_id,
+        target.actor.owner_filter,
+        [(target.checkpoint_ns, target.checkpoint_id or "")],
+        content,
+        branch=target.checkpoint_id is not None,
+    )
+    if found is None:
+        return None
+    stored, carried = found
+    lists = _resolve(stored, carried, content)
+    _remember(stored, carried, content)
+    return stored.to_tuple(serde, lists)
+
+
+def list_page(
+    space: KeySpace, query: ListQuery, serde: SerializerProtocol, content: ContentCache
+) -> Program[tuple[list[CheckpointTuple], ListQuery | None]]:
+    """One page of ``list``: newest first within each thread; threads one after another.
+
+    ``query.cursor`` is ``(thread ids left, cursor in the current thread)``.
+    """
+    if query.cursor is None:
+        if query.thread_id is not None:
+            threads: tuple[str, ...] = (query.thread_id,)
+        else:
+            keys = yield Scan(space.threads_pattern)
+            threads = tuple((yield from _thread_ids(space, keys)))
+        inner = ""
+    else:
+        threads, inner = query.cursor  # type: ignore[misc]
+    if not threads:
+        return [], None
+    thread_id = threads[0]
+    args = [
+        query.owner or "",
+        "1" if query.checkpoint_ns is not None else "0",
+        query.checkpoint_ns or "",
+        query.before or "",
+        inner,
+        query.page_size,
+        query.checkpoint_id or "",
+    ]
+    reply = yield Script("page", space.thread(thread_id), args)
+    next_inner = reply[0].decode()
+    chosen: list[tuple[str, str]] = []
+    for i in range(1, len(reply), 3):
+        metadata = decode_structure(reply[i + 2], "metadata")
+        if matches_filter(metadata, query.filter):
+            chosen.append((reply[i + 1].decode(), reply[i].decode()))
+            if query.remaining is not None and len(chosen) >= query.remaining:
+                break
+    found: list[CheckpointTuple] = []
+    if chosen:
+        loaded = yield from _load(space, thread_id, query.owner, chosen, content, branch=False)
+        for item in loaded:
+            if item is None:
+                continue
+            stored, carried = item
+            lists = _resolve(stored, carried, content)
+            _remember(stored, carried, content)
+            found.append(stored.to_tuple(serde, lists))
+    cursor = (threads, next_inner) if next_inner else (threads[1:], "")
+    exhausted = not cursor[0]
+    return found, query.advanced(cursor, len(found), exhausted)  # type: ignore[arg-type]
+
+
+def _thread_ids(space: KeySpace, keys: Iterable[bytes]) -> Program[list[str]]:
+    ids = []
+    for key in keys:
+        thread_id = yield Command(("HGET", key, "id"))
+        if thread_id is not None:
+            ids.append(thread_id.decode())
+    return ids
+
+
+# --- deletes, pruning, copies ----------------------------------------------------------------
+
+# SPEC R3: a delete repeats until the thread is empty, and fails once a round (counting from
+# the second) leaves it holding no fewer checkpoints and writes than the round before.
+_MAX_DELETE_ROUNDS = 100
+
+
+def delete_thread(space: KeySpace, thread_id: str, owner: str | None) -> Program[bool]:
+    """Delete everything a thread holds, against a writer that keeps adding to it (R3)."""
+    keys = space.thread(thread_id)
+    before: int | None = None
+    for round_number in range(1, _MAX_DELETE_ROUNDS + 1):
+        deleted = yield Script("delete", keys, [owner or ""])
+        if round_number == 1 and not deleted:
+            return False
+        checkpoints, writes = yield Script("count", keys, [])
+        left = int(checkpoints) + int(writes)
+        if left == 0:
+            return True
+        if before is not None and left >= before:
+            raise CheckpointDeleteError(
+                f"thread {thread_id!r} still holds {checkpoints} checkpoints and {writes} writes after "
+                f"{round_number} delete rounds: something keeps writing to it; stop it and delete again",
+                context={"thread_id": thread_id, "checkpoints": int(checkpoints), "writes": int(writes)},
+            )
+        before = left
+    raise CheckpointDeleteError(
+        f"thread {thread_id!r} was not empty after {_MAX_DELETE_ROUNDS} delete rounds",
+        context={"thread_id": thread_id},
+    )
+
+
+def delete_for_runs(space: KeySpace, run_ids: Sequence[str], owner: str | None) -> Program[int]:
+    """Delete the checkpoints the given runs stored, in every thread the caller can see."""
+    if not run_ids:
+        return 0
+    removed = 0
+    for key in (yield Scan(space.threads_pattern)):
+        keys = space.of_tag(space.tag_of_key(key.decode()))
+        removed += int((yield Script("delete_runs", keys, [owner or "", *run_ids])))
+    return removed
+
+
+def prune(space: KeySpace, thread_ids: Iterable[str], strategy: str, owner: str | None) -> Program[None]:
+    """LangGraph's ``prune``: ``keep_latest`` per namespace, or ``delete`` every checkpoint."""
+    if strategy not in ("keep_latest", "delete"):
+        raise ValueError(f"prune strategy {strategy!r} is not 'keep_latest' or 'delete'")
+    for thread_id in thread_ids:
+        if strategy == "delete":
+            yield from delete_thread(space, thread_id, owner)
+        else:
+            yield Script("prune", space.thread(thread_id), [owner or ""])
+
+
+def copy_thread(
+    space: KeySpace, source: str, target: str, actor: Actor, *, now: float, ttl_ms: int
+) -> Program[bool]:
+    """Copy every checkpoint, write and message of ``source`` onto ``target``.
+
+    The two threads live on different slots of a cluster, so the copy is a read of one and
+    a write of the other, each atomic.
+    """
+    groups = yield Script("read_all", space.thread(source), [actor.owner_filter or ""])
+    if not groups:
+        return False
+    args: list[object] = [target, actor.user_id, _required_owner(actor), now, ttl_ms]
+    for group in groups:
+        args += [len(group) // 2, *group]
+    reply = yield Script("merge", space.thread(target), args)
+    if reply[0] == b"forbidden":
+        raise StorageForbiddenError(target, actor.user_id)
+    return True
+
+
+def stats(space: KeySpace, thread_id: str | None = None) -> Program[dict[str, int]]:
+    """What the store (or one thread) holds."""
+    if thread_id is not None:
+        tags = [space.tag(thread_id)]
+    else:
+        tags = [space.tag_of_key(key.decode()) for key in (yield Scan(space.threads_pattern))]
+    totals = {
+        "threads": 0,
+        "checkpoints": 0,
+        "channel_values": 0,
+        "writes": 0,
+        "messages": 0,
+        "payload_bytes": 0,
+    }
+    for tag in tags:
+        checkpoints, values, writes, messages, payload = yield Script("stats", space.of_tag(tag), [])
+        totals["threads"] += 1 if checkpoints or writes else 0
+        totals["checkpoints"] += int(checkpoints)
+        totals["channel_values"] += int(values)
+        totals["writes"] += int(writes)
+        totals["messages"] += int(messages)
+        totals["payload_bytes"] += int(payload)
+    return totals
+
+
+# --- format gate, maintenance ----------------------------------------------------------------
+
+
+def _format_error(found: str | None) -> CheckpointStoreFormatError:
+    return CheckpointStoreFormatError(
+        f"the redis checkpoint store holds data written in another format (generation "
+        f"{found or 'none'}, this version writes {FORMAT_GENERATION}); reset the checkpoint store "
+        "before starting this version: threadkeep store reset",
+        context={"provider": "redis", "found": found, "expected": FORMAT_GENERATION},
+    )
+
+
+def ensure_format(space: KeySpace) -> Program[None]:
+    """Refuse a store of another format generation, or threads with none recorded (P6)."""
+    recorded = yield Command(("GET", space.format_key))
+    if recorded is None:
+        if (yield Scan(space.threads_pattern)):
+            raise _format_error(None)
+    elif recorded.decode() != str(FORMAT_GENERATION):
+        raise _format_error(recorded.decode())
+
+
+def record_format(space: KeySpace) -> Program[None]:
+    """Record this format generation; concurrent first uses converge on one record."""
+    yield Command(("SET", space.format_key, str(FORMAT_GENERATION), "NX"))
+    recorded = yield Command(("GET", space.format_key))
+    if recorded is None or recorded.decode() != str(FORMAT_GENERATION):
+        raise _format_error(None if recorded is None else recorded.decode())
+
+
+def reset(space: KeySpace) -> Program[None]:
+    """Delete every key of the store."""
+    for key in (yield Scan(space.all_pattern)):
+        yield Command(("DEL", key))
