@@ -115,15 +115,39 @@ def _redis(tmp_path: Path, unique: str) -> Opener:
     return open_
 
 
+def cluster_probe() -> str | None:
+    try:
+        from tests.servers import redis_cluster
+
+        redis_cluster()
+        return None
+    except Exception as exc:
+        return f"cannot start a local Redis Cluster ({exc})"
+
+
+def _redis_cluster(tmp_path: Path, unique: str) -> Opener:
+    from tests.servers import redis_cluster
+
+    prefix = f"tktest{unique[:12]}"
+    url = redis_cluster().url
+
+    def open_(**options: Any) -> ThreadkeepSaver:
+        options.setdefault("key_prefix", prefix)
+        return open_checkpointer("redis", url, settings=Settings(), **options)
+
+    return open_
+
+
 CASES: dict[str, ProviderCase] = {
     "memory": ProviderCase("memory", _memory),
     "sqlite": ProviderCase("sqlite", _sqlite),
     "postgres": ProviderCase("postgres", _postgres, postgres_probe),
     "redis": ProviderCase("redis", _redis, redis_probe),
+    "redis-cluster": ProviderCase("redis-cluster", _redis_cluster, cluster_probe),
 }
 
 # Providers whose store several saver instances (and processes) share.
-SHARED_STORE = frozenset({"sqlite", "postgres", "redis"})
+SHARED_STORE = frozenset({"sqlite", "postgres", "redis", "redis-cluster"})
 
 
 def require(case: ProviderCase, reason: str | None) -> None:

@@ -1,0 +1,179 @@
+"""What is specific to the Postgres store: migrations, pools, parallel writers, the gate."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.providers import POSTGRES_URL, Opener, postgres_schema
+from threadkeep import CheckpointStoreFormatError, Settings, open_checkpointer
+from threadkeep.backends.postgres import _MIGRATIONS
+from threadkeep.workload import TOOL_ROUND_TRIPS, build_agent, run_turns, turn_input
+
+pytestmark = pytest.mark.providers("postgres")
+MESSAGES_PER_TURN = 2 + 2 * TOOL_ROUND_TRIPS
+
+
+def connect(dsn: str) -> Any:
+    import psycopg
+
+    return psycopg.connect(dsn, autocommit=True)
+
+
+def test_p6_every_older_schema_version_upgrades_to_the_newest(provider: Any) -> None:
+    newest = len(_MIGRATIONS)
+    for version in range(newest):
+        dsn = postgres_schema(uuid.uuid4().hex)
+        with connect(dsn) as conn:
+            conn.execute(
+                "CREATE TABLE tk_migrations "
+                "(version INTEGER PRIMARY KEY, applied_at DOUBLE PRECISION NOT NULL)"
+            )
+            for migration in _MIGRATIONS[:version]:
+                for statement in migration.statements:
+                    conn.execute(statement)
+                conn.execute("INSERT INTO tk_migrations VALUES (%s, 0)", (migration.version,))
+            if version:
+                conn.execute("INSERT INTO tk_meta VALUES ('format_generation', '1')")
+        with open_checkpointer("postgres", dsn, settings=Settings()) as saver:
+            run_turns(build_agent(saver), "upgraded", 1)
+            assert saver.stats()["messages"] == MESSAGES_PER_TURN
+        with connect(dsn) as conn:
+            applied = [row[0] for row in conn.execute("SELECT version FROM tk_migrations ORDER BY version")]
+        assert applied == list(range(1, newest + 1))
+
+
+def test_p6_migrations_are_serialized_by_an_advisory_lock(provider: Any) -> None:
+    dsn = postgres_schema(uuid.uuid4().hex)
+    errors: list[BaseException] = []
+
+    def first_use() -> None:
+        try:
+            open_checkpointer("postgres", dsn, settings=Settings()).close()
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=first_use) for _ in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    with connect(dsn) as conn:
+        assert conn.execute("SELECT count(*) FROM tk_migrations").fetchone()[0] == len(_MIGRATIONS)
+        assert conn.execute("SELECT value FROM tk_meta").fetchall() == [("1",)]
+
+
+def test_p6_a_postgres_store_of_another_generation_is_refused(open_saver: Opener) -> None:
+    saver = open_saver()
+    run_turns(build_agent(saver), "t", 1)
+    dsn = saver.backend.engine.conninfo
+    with connect(dsn) as conn:
+        conn.execute("UPDATE tk_meta SET value = '0'")
+    with pytest.raises(CheckpointStoreFormatError, match="reset the checkpoint store"):
+        open_checkpointer("postgres", dsn, settings=Settings())
+
+
+def test_p6_langgraph_tables_in_the_same_schema_are_left_alone(provider: Any) -> None:
+    """A database shared with LangGraph's own savers is not refused: only tk_ tables are ours."""
+    dsn = postgres_schema(uuid.uuid4().hex)
+    with connect(dsn) as conn:
+        conn.execute("CREATE TABLE checkpoints (thread_id TEXT, checkpoint JSONB)")
+        conn.execute("INSERT INTO checkpoints VALUES ('theirs', '{}')")
+    with open_checkpointer("postgres", dsn, settings=Settings()) as saver:
+        run_turns(build_agent(saver), "ours", 1)
+    with connect(dsn) as conn:
+        assert conn.execute("SELECT count(*) FROM checkpoints").fetchone()[0] == 1
+
+
+async def test_postgres_pooled_saver_serves_threads_in_parallel(open_saver: Opener) -> None:
+    """No instance-wide lock: a put blocked on one thread's row does not hold up another."""
+    saver = open_saver()
+    graph = build_agent(saver)
+    await graph.ainvoke(turn_input(0), {"configurable": {"thread_id": "blocked"}})
+    blocker = connect(saver.backend.engine.conninfo)
+    blocker.autocommit = False
+    blocker.execute("SELECT 1 FROM tk_threads WHERE thread_id = 'blocked' FOR UPDATE")
+    blocked = asyncio.create_task(graph.ainvoke(turn_input(1), {"configurable": {"thread_id": "blocked"}}))
+    await build_agent(saver).ainvoke(turn_input(0), {"configurable": {"thread_id": "free"}})
+    # the other thread's whole run went through while this one waits on its row lock
+    assert not blocked.done()
+    blocker.rollback()
+    blocker.close()
+    await asyncio.wait_for(blocked, 10)
+    assert (
+        len(
+            saver.get_tuple({"configurable": {"thread_id": "blocked"}}).checkpoint["channel_values"][
+                "messages"
+            ]
+        )
+        == 2 * MESSAGES_PER_TURN
+    )
+
+
+def test_p7_a_pool_the_application_owns_is_used_and_left_open(provider: Any) -> None:
+    from psycopg_pool import ConnectionPool
+
+    dsn = postgres_schema(uuid.uuid4().hex)
+    pool = ConnectionPool(dsn, min_size=1, max_size=2, kwargs={"autocommit": True}, open=True)
+    try:
+        with open_checkpointer("postgres", dsn, settings=Settings(), pool=pool) as saver:
+            run_turns(build_agent(saver), "shared-pool", 1)
+            assert saver.backend.engine._pool is None  # it made no pool of its own
+        with pool.connection() as conn:  # still open after the saver closed
+            assert conn.execute("SELECT count(*) FROM tk_threads").fetchone()[0] == 1
+    finally:
+        pool.close()
+
+
+async def test_p7_an_async_pool_the_application_owns_is_used_and_left_open(provider: Any) -> None:
+    from psycopg_pool import AsyncConnectionPool
+
+    dsn = postgres_schema(uuid.uuid4().hex)
+    pool = AsyncConnectionPool(dsn, min_size=1, max_size=2, kwargs={"autocommit": True}, open=False)
+    await pool.open()
+    try:
+        async with open_checkpointer("postgres", dsn, settings=Settings(), async_pool=pool) as saver:
+            await build_agent(saver).ainvoke(turn_input(0), {"configurable": {"thread_id": "t"}})
+        async with pool.connection() as conn:
+            cursor = await conn.execute("SELECT count(*) FROM tk_threads")
+            assert (await cursor.fetchone())[0] == 1
+    finally:
+        await pool.close()
+
+
+def test_p7_pools_threadkeep_opened_are_closed_with_the_saver(open_saver: Opener) -> None:
+    saver = open_saver(min_size=1, max_size=3)
+    run_turns(build_agent(saver), "t", 1)
+    pool = saver.backend.engine._pool
+    assert pool is not None
+    assert pool.max_size == 3
+    saver.close()
+    assert pool.closed
+
+
+def test_pool_sizes_and_timeouts_come_from_the_settings(provider: Any, tmp_path: Path) -> None:
+    settings = Settings(pool_min_size=2, pool_max_size=4, pool_timeout_seconds=7, connect_timeout_seconds=3)
+    with open_checkpointer("postgres", postgres_schema(uuid.uuid4().hex), settings=settings) as saver:
+        saver.get_tuple({"configurable": {"thread_id": "nothing"}})
+        pool = saver.backend.engine._pool
+        assert (pool.min_size, pool.max_size, pool.timeout) == (2, 4, 7)
+        assert pool.kwargs["connect_timeout"] == 3
+
+
+def test_postgres_location_hides_the_password(provider: Any) -> None:
+    from threadkeep.backends.postgres.engine import PostgresEngine
+    from threadkeep.core.retry import RetryPolicy
+
+    engine = PostgresEngine(
+        "host=db user=app password=s3cret dbname=prod",
+        retry=RetryPolicy(attempts=1, backoff=0, retryable=lambda e: False, store="postgres"),
+    )
+    assert "s3cret" not in engine.location
+    assert "host=db" in engine.location
+    assert POSTGRES_URL  # the tests' server is configured

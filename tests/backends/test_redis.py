@@ -1,0 +1,178 @@
+"""What is specific to the Redis store: scripts, hash tags, TTLs, the delete rounds, the gate."""
+
+from __future__ import annotations
+
+import re
+import time
+from importlib import resources
+from typing import Any
+
+import pytest
+
+from tests.providers import REDIS_URL, Opener
+from threadkeep import CheckpointDeleteError, CheckpointStoreFormatError, Settings, open_checkpointer
+from threadkeep.workload import TOOL_ROUND_TRIPS, build_agent, run_turns, turn_input
+
+pytestmark = pytest.mark.providers("redis", "redis-cluster")
+MESSAGES_PER_TURN = 2 + 2 * TOOL_ROUND_TRIPS
+
+
+def raw(saver: Any) -> Any:
+    """A client of the saver's own server (cluster-aware)."""
+    return saver.backend.engine._sync()
+
+
+def thread_keys(saver: Any, thread_id: str) -> tuple[str, ...]:
+    return saver.backend.space.thread(thread_id)
+
+
+def test_r1_every_key_of_a_thread_shares_one_hash_tag(open_saver: Opener, provider: Any) -> None:
+    saver = open_saver()
+    run_turns(build_agent(saver), "tagged", 1)
+    client = raw(saver)
+    prefix = saver.backend.space.prefix
+    keys = [key.decode() for key in client.scan_iter(match=f"{prefix}:*", count=1000)]
+    tags = {re.search(r"\{([^}]*)\}", key).group(1) for key in keys if "{" in key}  # type: ignore[union-attr]
+    assert len(tags) == 1
+    assert set(keys) - {f"{prefix}:format"} <= set(thread_keys(saver, "tagged"))
+    assert saver.backend.engine.cluster is (provider.name == "redis-cluster")
+
+
+def test_r1_each_script_documents_its_contract() -> None:
+    folder = resources.files("threadkeep.backends.redis") / "lua"
+    scripts = [
+        entry for entry in folder.iterdir() if entry.name.endswith(".lua") and entry.name != "_prelude.lua"
+    ]
+    assert len(scripts) >= 10
+    for script in scripts:
+        header = script.read_text().split("\n\n")[0]
+        assert header.startswith(f"-- {script.name}:"), script.name
+        assert "KEYS" in header, script.name
+        assert "Returns" in header, script.name
+
+
+def test_r1_scripts_are_reloaded_after_the_server_forgets_them(open_saver: Opener) -> None:
+    saver = open_saver()
+    graph = build_agent(saver)
+    run_turns(graph, "reloaded", 1)
+    client = raw(saver)
+    client.script_flush() if hasattr(client, "script_flush") else client.execute_command("SCRIPT", "FLUSH")
+    run_turns(graph, "reloaded", 1, first=1)
+    messages = saver.get_tuple({"configurable": {"thread_id": "reloaded"}}).checkpoint["channel_values"][
+        "messages"
+    ]
+    assert len(messages) == 2 * MESSAGES_PER_TURN
+
+
+def test_r2_every_key_carries_the_waiting_retention_and_a_read_does_not_extend_it(open_saver: Opener) -> None:
+    saver = open_saver()
+    saver.backend.ttl_ms = 60_000  # a one-minute waiting retention
+    run_turns(build_agent(saver), "ttl", 1)
+    client = raw(saver)
+    ttls = {key: client.pttl(key) for key in thread_keys(saver, "ttl") if client.exists(key)}
+    assert len(ttls) >= 7
+    assert all(50_000 < ttl <= 60_000 for ttl in ttls.values()), ttls
+    time.sleep(0.05)
+    saver.get_tuple({"configurable": {"thread_id": "ttl"}})
+    list(saver.list({"configurable": {"thread_id": "ttl"}}))
+    for key, ttl in ttls.items():
+        assert client.pttl(key) < ttl, key  # the clock kept running; nothing reset it
+
+
+def test_r2_a_write_restarts_the_waiting_clock_of_every_key(open_saver: Opener) -> None:
+    saver = open_saver()
+    saver.backend.ttl_ms = 60_000
+    graph = build_agent(saver)
+    run_turns(graph, "clock", 1)
+    client = raw(saver)
+    keys = [key for key in thread_keys(saver, "clock") if client.exists(key)]
+    for key in keys:
+        client.pexpire(key, 1_000)  # as if most of the retention had passed
+    graph.invoke(turn_input(1), {"configurable": {"thread_id": "clock"}})
+    assert all(client.pttl(key) > 50_000 for key in keys)
+
+
+@pytest.fixture
+def writer_during_delete(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """Makes a writer add checkpoints to the thread right after each delete round."""
+
+    def install(saver: Any, added_per_round: list[int]) -> None:
+        engine = saver.backend.engine
+        original = engine._execute
+        rounds = iter(added_per_round)
+
+        def execute(client: Any, request: Any) -> Any:
+            reply = original(client, request)
+            if getattr(request, "name", None) == "delete":
+                for _ in range(next(rounds, 0)):
+                    saver.put(
+                        {"configurable": {"thread_id": "busy", "checkpoint_ns": ""}},
+                        _checkpoint(),
+                        {"source": "input", "step": -1},
+                        {},
+                    )
+            return reply
+
+        monkeypatch.setattr(engine, "_execute", execute)
+
+    return install
+
+
+def _checkpoint() -> Any:
+    from langgraph.checkpoint.base import empty_checkpoint
+
+    return empty_checkpoint()
+
+
+def test_r3_delete_repeats_until_the_thread_is_empty(open_saver: Opener, writer_during_delete: Any) -> None:
+    saver = open_saver()
+    run_turns(build_agent(saver), "busy", 1)
+    writer_during_delete(saver, [3, 2, 1, 0])  # the writer slows down and stops
+    saver.delete_thread("busy")
+    assert saver.get_tuple({"configurable": {"thread_id": "busy"}}) is None
+    assert not any(raw(saver).exists(key) for key in thread_keys(saver, "busy"))
+
+
+def test_r3_delete_fails_when_a_round_makes_no_progress(
+    open_saver: Opener, writer_during_delete: Any
+) -> None:
+    saver = open_saver()
+    run_turns(build_agent(saver), "busy", 1)
+    writer_during_delete(saver, [2, 2, 2, 2, 2])  # keeps pace with the delete
+    with pytest.raises(CheckpointDeleteError, match="busy") as failed:
+        saver.delete_thread("busy")
+    assert failed.value.code == "STORAGE_DELETE_001"
+    assert failed.value.context == {"thread_id": "busy", "checkpoints": 2, "writes": 0}
+
+
+def test_p6_a_redis_store_of_another_generation_is_refused(open_saver: Opener) -> None:
+    saver = open_saver()
+    run_turns(build_agent(saver), "t", 1)
+    space = saver.backend.space
+    raw(saver).set(space.format_key, "0")
+    with pytest.raises(CheckpointStoreFormatError, match="generation 0"):
+        open_saver()
+    raw(saver).delete(space.format_key)
+    with pytest.raises(CheckpointStoreFormatError, match="generation none"):
+        open_saver()
+
+
+@pytest.mark.providers("redis")
+def test_p7_a_client_the_application_owns_is_used_and_left_open(provider: Any) -> None:
+    import redis
+
+    client = redis.Redis.from_url(REDIS_URL)
+    with open_checkpointer("redis", settings=Settings(), client=client, key_prefix="tkp7") as saver:
+        run_turns(build_agent(saver), "own-client", 1)
+        assert saver.backend.engine._client is None
+    assert client.ping()
+    for key in client.scan_iter(match="tkp7:*"):
+        client.delete(key)
+    client.close()
+
+
+def test_key_prefixes_keep_stores_apart(open_saver: Opener) -> None:
+    first = open_saver()
+    second = open_saver(key_prefix=first.backend.space.prefix + "x")
+    run_turns(build_agent(first), "same-id", 1)
+    assert second.get_tuple({"configurable": {"thread_id": "same-id"}}) is None
