@@ -135,11 +135,11 @@ class ThreadkeepSaver(BaseCheckpointSaver[str]):
 
     # running programs ---------------------------------------------------------------------
 
-    def _run(self, make: ProgramFactory[T], *, write: bool = False) -> T:
-        return self.backend.engine.run(make, write=write)
+    def _run(self, make: ProgramFactory[T], *, write: bool = False, atomic: bool = True) -> T:
+        return self.backend.engine.run(make, write=write, atomic=atomic)
 
-    async def _arun(self, make: ProgramFactory[T], *, write: bool = False) -> T:
-        return await self.backend.engine.arun(make, write=write)
+    async def _arun(self, make: ProgramFactory[T], *, write: bool = False, atomic: bool = True) -> T:
+        return await self.backend.engine.arun(make, write=write, atomic=atomic)
 
     def _actor(self) -> Actor:
         return actor_for(None, isolate=self.enforce_user_isolation)
@@ -288,13 +288,14 @@ class ThreadkeepSaver(BaseCheckpointSaver[str]):
         self, config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_id: str, task_path: str = ""
     ) -> None:
         """Store a task's writes against the checkpoint it was planned from."""
-        self._run(self._writes_step(config, writes, task_id, task_path), write=True)
+        # put_writes programs are guarded and idempotent statement by statement (no transaction).
+        self._run(self._writes_step(config, writes, task_id, task_path), write=True, atomic=False)
 
     async def aput_writes(
         self, config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_id: str, task_path: str = ""
     ) -> None:
         """Async :meth:`put_writes`."""
-        await self._arun(self._writes_step(config, writes, task_id, task_path), write=True)
+        await self._arun(self._writes_step(config, writes, task_id, task_path), write=True, atomic=False)
 
     def delete_thread(self, thread_id: str) -> None:
         """Delete every checkpoint, write and message of a thread the caller can see."""

@@ -75,9 +75,9 @@ def test_w4_a_connection_cut_inside_a_transaction_is_retried_whole(
     cuts = {"left": 2}
     original = pg._execute
 
-    def cutting(conn: Any, request: Any) -> Any:
+    def cutting(conn: Any, pipe: Any, request: Any) -> Any:
         # In the middle of a put's transaction, after its first batch went out, the network dies.
-        reply = original(conn, request)
+        reply = original(conn, pipe, request)
         if (
             isinstance(request, pg.Batch)
             and cuts["left"]

@@ -44,19 +44,26 @@ class Batch:
 
     The program needs none of the results before the last statement is sent, so an engine
     may send them all at once (Postgres pipeline mode: one round trip instead of one each).
+    With ``wanted=False`` the program needs no results at all (it receives ``None``s), and
+    the statements may travel with the transaction's COMMIT.
     """
 
     requests: tuple[Sql | SqlMany, ...]
+    wanted: bool = True
 
 
 class Engine(Protocol):
     """Runs programs against one store, each in its own transaction."""
 
-    def run(self, make: ProgramFactory[T], *, write: bool = False) -> T:
-        """Run the program ``make()`` builds; ``write`` takes the store's write lock."""
+    def run(self, make: ProgramFactory[T], *, write: bool = False, atomic: bool = True) -> T:
+        """Run the program ``make()`` builds, in one transaction.
+
+        ``write`` takes the store's write lock; ``atomic=False`` says the program's
+        statements are each idempotent and guarded, so it may run without a transaction.
+        """
         ...
 
-    async def arun(self, make: ProgramFactory[T], *, write: bool = False) -> T:
+    async def arun(self, make: ProgramFactory[T], *, write: bool = False, atomic: bool = True) -> T:
         """The same as :meth:`run`, without blocking the event loop."""
         ...
 

@@ -17,9 +17,17 @@ from __future__ import annotations
 
 from typing import Final
 
+from threadkeep.core.identity import Actor
 from threadkeep.errors import StaleStateError, StorageForbiddenError
 
-__all__ = ["BRANCH_KEY", "BRANCH_SOURCES", "check_head", "check_owner", "required_head"]
+__all__ = [
+    "BRANCH_KEY",
+    "BRANCH_SOURCES",
+    "check_head",
+    "check_owner",
+    "required_head",
+    "required_owner",
+]
 
 # Carried by the config get_tuple returns for an addressed checkpoint; LangGraph merges that
 # config into every later put of the run. The "__" prefix keeps it out of stored metadata.
@@ -62,6 +70,15 @@ def check_head(
     if required is None or required == head_id or already_stored:
         return
     raise StaleStateError(thread_id, checkpoint_ns, parent_id, head_id)
+
+
+def required_owner(actor: Actor) -> str | None:
+    """The owner a write by ``actor`` needs the thread to have, or ``None`` for any owner.
+
+    Stores that check inside the server (a guarded insert, a Redis script) enforce this
+    answer; :func:`check_owner` raises for the same rule.
+    """
+    return actor.user_id if actor.checks_owner else None
 
 
 def check_owner(*, thread_id: str, owner: str, user_id: str, enforce: bool) -> None:

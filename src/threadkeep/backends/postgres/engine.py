@@ -3,8 +3,10 @@
 Each program runs in one transaction on one pooled connection. A :class:`~threadkeep.core.
 program.Batch` goes out in pipeline mode: its statements, one round trip. A dropped
 connection (the server restarted, ``pg_terminate_backend``, a network cut) retries the whole
-program on a fresh connection as the retry policy says (SPEC W4); the pools check a
-connection before lending it, so a dead one is replaced rather than used.
+program on a fresh connection as the retry policy says (SPEC W4). The pools check a
+connection before lending it without a round trip (a backend the server already closed is
+replaced rather than used), and after a failure every idle connection is tested with one, so a
+server restart costs one retry, not one per pooled connection.
 
 There is no lock around the engine: concurrent calls run on separate connections, and two
 writers of one thread queue on that thread's row lock inside Postgres.
@@ -17,7 +19,7 @@ import logging
 import time
 import weakref
 from collections.abc import Callable
-from contextlib import AbstractContextManager
+from contextlib import AbstractAsyncContextManager, AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, TypeVar
@@ -32,6 +34,30 @@ __all__ = ["PoolOptions", "PostgresEngine", "is_connection_error"]
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
+
+
+def check_alive(conn: psycopg.Connection[Any]) -> None:
+    """Refuse a pooled connection the server dropped while it sat idle, without a round trip.
+
+    A terminated backend (``pg_terminate_backend``, a server restart) sends its notice and
+    closes the socket; reading what is already there settles it. A connection that died
+    silently fails at its first statement instead, and the program is retried whole.
+
+    Raises:
+        psycopg.OperationalError: the connection is gone; the pool replaces it.
+    """
+    pgconn = conn.pgconn
+    pgconn.consume_input()
+    if conn.closed or pgconn.status != psycopg.pq.ConnStatus.OK:
+        raise psycopg.OperationalError("the pooled connection was closed by the server")
+
+
+async def check_alive_async(conn: psycopg.AsyncConnection[Any]) -> None:
+    """:func:`check_alive` for async pools (it never waits)."""
+    pgconn = conn.pgconn
+    pgconn.consume_input()
+    if conn.closed or pgconn.status != psycopg.pq.ConnStatus.OK:
+        raise psycopg.OperationalError("the pooled connection was closed by the server")
 
 
 def is_connection_error(error: BaseException) -> bool:
@@ -118,7 +144,7 @@ class PostgresEngine:
                 max_size=self.options.max_size,
                 timeout=self.options.timeout,
                 kwargs=self._connection_kwargs(),
-                check=ConnectionPool.check_connection,
+                check=check_alive,
                 name="threadkeep",
                 open=True,
             )
@@ -136,7 +162,7 @@ class PostgresEngine:
                 max_size=self.options.max_size,
                 timeout=self.options.timeout,
                 kwargs=self._connection_kwargs(),
-                check=AsyncConnectionPool.check_connection,
+                check=check_alive_async,
                 name="threadkeep-async",
                 open=False,
             )
@@ -144,15 +170,16 @@ class PostgresEngine:
             self._async_pools[loop] = pool
         return pool
 
-    def run(self, make: ProgramFactory[T], *, write: bool = False) -> T:
-        """Run one program in one transaction, retrying it whole after a dropped connection."""
-        return self._retrying(lambda: self._once(make, self._sync_pool().connection()))
+    def run(self, make: ProgramFactory[T], *, write: bool = False, atomic: bool = True) -> T:
+        """Run one program in one transaction (unless not ``atomic``), retrying it whole after
+        a dropped connection."""
+        return self._retrying(lambda: self._once(make, self._sync_pool().connection(), atomic))
 
     def setup(self, make: ProgramFactory[T]) -> T:
         """Like :meth:`run`, on a short-lived connection: the format gate and migrations run
         before any pool is needed (an application that only uses the async API never opens a
         sync pool)."""
-        return self._retrying(lambda: self._once(make, self.connect()))
+        return self._retrying(lambda: self._once(make, self.connect(), True))
 
     def _retrying(self, attempt: Callable[[], T]) -> T:
         tries = 0
@@ -161,24 +188,39 @@ class PostgresEngine:
             try:
                 return attempt()
             except Exception as error:
-                time.sleep(self.retry.delay_after(error, tries))
+                delay = self.retry.delay_after(error, tries)
+                pool = self._given_pool or self._pool
+                if pool is not None:
+                    # A server restart or a mass termination kills every pooled connection at
+                    # once: test the idle ones now instead of failing on each in turn.
+                    pool.check()
+                time.sleep(delay)
 
     @staticmethod
-    def _once(make: ProgramFactory[T], connection: AbstractContextManager[psycopg.Connection[Any]]) -> T:
-        with connection as conn, conn.transaction():
-            return drive(make(), partial(_execute, conn))
+    def _once(
+        make: ProgramFactory[T], connection: AbstractContextManager[psycopg.Connection[Any]], atomic: bool
+    ) -> T:
+        # The whole transaction runs in pipeline mode: BEGIN travels with the first batch and
+        # COMMIT with the last, so a program costs one round trip per batch whose results it
+        # reads, and no more.
+        with connection as conn, conn.pipeline() as pipe, _transaction(conn, atomic):
+            return drive(make(), partial(_execute, conn, pipe))
 
-    async def arun(self, make: ProgramFactory[T], *, write: bool = False) -> T:
+    async def arun(self, make: ProgramFactory[T], *, write: bool = False, atomic: bool = True) -> T:
         """The same as :meth:`run`, on the event loop's own pool."""
         tries = 0
+        pool: AsyncConnectionPool | None = None
         while True:
             tries += 1
             try:
                 pool = await self._async_pool()
-                async with pool.connection() as conn, conn.transaction():
-                    return await drive_async(make(), partial(_execute_async, conn))
+                async with pool.connection() as conn, conn.pipeline() as pipe, _atransaction(conn, atomic):
+                    return await drive_async(make(), partial(_execute_async, conn, pipe))
             except Exception as error:
-                await asyncio.sleep(self.retry.delay_after(error, tries))
+                delay = self.retry.delay_after(error, tries)
+                if pool is not None:
+                    await pool.check()  # as in _retrying
+                await asyncio.sleep(delay)
 
     def connect(self) -> psycopg.Connection[Any]:
         """One short-lived connection, closed when its ``with`` block ends."""
@@ -204,52 +246,70 @@ class PostgresEngine:
         self.close()
 
 
-def _execute(conn: psycopg.Connection[Any], request: Any) -> Any:
+def _transaction(conn: psycopg.Connection[Any], atomic: bool) -> AbstractContextManager[Any]:
+    return conn.transaction() if atomic else nullcontext()
+
+
+def _atransaction(conn: psycopg.AsyncConnection[Any], atomic: bool) -> AbstractAsyncContextManager[Any]:
+    return conn.transaction() if atomic else nullcontext()
+
+
+def _execute(conn: psycopg.Connection[Any], pipe: psycopg.Pipeline, request: Any) -> Any:
+    if isinstance(request, SqlMany):
+        conn.cursor().executemany(request.sql, request.rows)
+        return None
     if isinstance(request, Sql):
         cursor = conn.execute(request.sql, request.params)
-        return cursor.fetchall() if cursor.description is not None else []
-    if isinstance(request, SqlMany):
-        with conn.cursor() as cursor:
-            cursor.executemany(request.sql, request.rows)
-        return None
+        pipe.sync()
+        return _rows(cursor)
     if isinstance(request, Batch):
         cursors: list[psycopg.Cursor[Any] | None] = []
-        with conn.pipeline():
-            for inner in request.requests:
-                if isinstance(inner, Sql):
-                    cursors.append(conn.execute(inner.sql, inner.params))
-                else:
-                    conn.cursor().executemany(inner.sql, inner.rows)
-                    cursors.append(None)
+        for inner in request.requests:
+            if isinstance(inner, Sql):
+                cursors.append(conn.execute(inner.sql, inner.params))
+            else:
+                conn.cursor().executemany(inner.sql, inner.rows)
+                cursors.append(None)
+        if not request.wanted:
+            return [None] * len(cursors)
+        pipe.sync()
         return [_rows(cursor) for cursor in cursors]
     raise TypeError(f"the postgres engine cannot run {request!r}")
 
 
 def _rows(cursor: psycopg.Cursor[Any] | None) -> list[Any] | None:
+    """A synced cursor's rows (``[]`` for a statement without a result)."""
     if cursor is None:
         return None
     return cursor.fetchall() if cursor.description is not None else []
 
 
-async def _execute_async(conn: psycopg.AsyncConnection[Any], request: Any) -> Any:
+async def _rows_async(cursor: psycopg.AsyncCursor[Any] | None) -> list[Any] | None:
+    if cursor is None:
+        return None
+    return await cursor.fetchall() if cursor.description is not None else []
+
+
+async def _execute_async(
+    conn: psycopg.AsyncConnection[Any], pipe: psycopg.AsyncPipeline, request: Any
+) -> Any:
+    if isinstance(request, SqlMany):
+        await conn.cursor().executemany(request.sql, request.rows)
+        return None
     if isinstance(request, Sql):
         cursor = await conn.execute(request.sql, request.params)
-        return await cursor.fetchall() if cursor.description is not None else []
-    if isinstance(request, SqlMany):
-        async with conn.cursor() as cursor:
-            await cursor.executemany(request.sql, request.rows)
-        return None
+        await pipe.sync()
+        return await _rows_async(cursor)
     if isinstance(request, Batch):
         cursors: list[psycopg.AsyncCursor[Any] | None] = []
-        async with conn.pipeline():
-            for inner in request.requests:
-                if isinstance(inner, Sql):
-                    cursors.append(await conn.execute(inner.sql, inner.params))
-                else:
-                    await conn.cursor().executemany(inner.sql, inner.rows)
-                    cursors.append(None)
-        return [
-            None if cursor is None else (await cursor.fetchall() if cursor.description is not None else [])
-            for cursor in cursors
-        ]
+        for inner in request.requests:
+            if isinstance(inner, Sql):
+                cursors.append(await conn.execute(inner.sql, inner.params))
+            else:
+                await conn.cursor().executemany(inner.sql, inner.rows)
+                cursors.append(None)
+        if not request.wanted:
+            return [None] * len(cursors)
+        await pipe.sync()
+        return [await _rows_async(cursor) for cursor in cursors]
     raise TypeError(f"the postgres engine cannot run {request!r}")

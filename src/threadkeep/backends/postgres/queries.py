@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import orjson
 
+from threadkeep.core.program import Sql
 from threadkeep.core.records import STRUCTURE
 
 NAME = "postgres"
@@ -53,22 +54,6 @@ PROBE_LINKS = (
     + ")"
 )
 
-INSERT_MESSAGE = """
-INSERT INTO tk_messages (tid, digest, type, value) VALUES (%(tid)s, %(digest)s, %(type)s, %(value)s)
-ON CONFLICT DO NOTHING
-"""
-
-INSERT_LINK = """
-INSERT INTO tk_message_links (tid, node, prev, digest) VALUES (%(tid)s, %(node)s, %(prev)s, %(digest)s)
-ON CONFLICT DO NOTHING
-"""
-
-UPSERT_BLOB = """
-INSERT INTO tk_blobs (tid, checkpoint_ns, channel, version, type, value)
-VALUES (%(tid)s, %(checkpoint_ns)s, %(channel)s, %(version)s, %(type)s, %(value)s)
-ON CONFLICT (tid, checkpoint_ns, channel, version)
-DO UPDATE SET type = EXCLUDED.type, value = EXCLUDED.value
-"""
 
 UPSERT_CHECKPOINT = """
 INSERT INTO tk_checkpoints
@@ -107,28 +92,54 @@ WHERE tid = %(tid)s AND checkpoint_ns = %(checkpoint_ns)s
 
 # --- put_writes --------------------------------------------------------------------------
 
-# Whether writes target a checkpoint the history limit already pruned (they arrived late).
-WRITES_TARGET_PRUNED = """
-SELECT NOT EXISTS (SELECT 1 FROM tk_checkpoints AS c JOIN tk_threads AS t ON c.tid = t.tid
-                   WHERE t.thread_id = %(thread_id)s AND c.checkpoint_ns = %(checkpoint_ns)s
-                     AND c.checkpoint_id = %(checkpoint_id)s)
-   AND %(checkpoint_id)s::text < (
-       SELECT c.checkpoint_id FROM tk_checkpoints AS c JOIN tk_threads AS t ON c.tid = t.tid
-       WHERE t.thread_id = %(thread_id)s AND c.checkpoint_ns = %(checkpoint_ns)s
-       ORDER BY c.checkpoint_id DESC LIMIT 1 OFFSET %(offset)s)
-"""
+THREAD_OWNER = "SELECT owner FROM tk_threads WHERE thread_id = %(thread_id)s"
 
-_INSERT_WRITE = """
+# Rows go in as arrays: one statement however many rows a step has.
+_MANY = {
+    "message": """
+INSERT INTO tk_messages (tid, digest, type, value)
+SELECT %(tid)s, * FROM unnest(%(digest)s::bytea[], %(type)s::text[], %(value)s::bytea[])
+ON CONFLICT DO NOTHING
+""",
+    "link": """
+INSERT INTO tk_message_links (tid, node, prev, digest)
+SELECT %(tid)s, * FROM unnest(%(node)s::bytea[], %(prev)s::bytea[], %(digest)s::bytea[])
+ON CONFLICT DO NOTHING
+""",
+    "blob": """
+INSERT INTO tk_blobs (tid, checkpoint_ns, channel, version, type, value)
+SELECT %(tid)s, %(checkpoint_ns)s, *
+FROM unnest(%(channel)s::text[], %(version)s::text[], %(type)s::text[], %(value)s::bytea[])
+ON CONFLICT (tid, checkpoint_ns, channel, version)
+DO UPDATE SET type = EXCLUDED.type, value = EXCLUDED.value
+""",
+}
+
+# A task's writes are stored only if the writer may write the thread (W3) and, under a
+# history limit (%(offset)s set), their checkpoint was not pruned already (LangGraph may
+# deliver writes late). Guarded so, they need no transaction and take no lock: the
+# statement is idempotent, and a step's put does not wait behind it.
+_WRITES = """
 INSERT INTO tk_writes (tid, checkpoint_ns, checkpoint_id, task_id, idx, task_path, channel, type, value)
-VALUES ((SELECT tid FROM tk_threads WHERE thread_id = %(thread_id)s),
-        %(checkpoint_ns)s, %(checkpoint_id)s, %(task_id)s, %(idx)s, %(task_path)s,
-        %(channel)s, %(type)s, %(value)s)
+SELECT t.tid, %(checkpoint_ns)s, %(checkpoint_id)s, w.task_id, w.idx, w.task_path, w.channel, w.type, w.value
+FROM tk_threads AS t,
+     unnest(%(task_id)s::text[], %(idx)s::integer[], %(task_path)s::text[], %(channel)s::text[],
+            %(type)s::text[], %(value)s::bytea[]) AS w (task_id, idx, task_path, channel, type, value)
+WHERE t.thread_id = %(thread_id)s
+  AND (%(required_owner)s::text IS NULL OR t.owner = %(required_owner)s::text)
+  AND (%(offset)s::integer IS NULL
+       OR EXISTS (SELECT 1 FROM tk_checkpoints AS c
+                  WHERE c.tid = t.tid AND c.checkpoint_ns = %(checkpoint_ns)s
+                    AND c.checkpoint_id = %(checkpoint_id)s)
+       OR %(checkpoint_id)s::text >= coalesce(
+              (SELECT c.checkpoint_id FROM tk_checkpoints AS c
+               WHERE c.tid = t.tid AND c.checkpoint_ns = %(checkpoint_ns)s
+               ORDER BY c.checkpoint_id DESC LIMIT 1 OFFSET %(offset)s), ''))
 """
 
-INSERT_WRITE = _INSERT_WRITE + "ON CONFLICT DO NOTHING"
-
-UPSERT_WRITE = (
-    _INSERT_WRITE
+_MANY["write"] = _WRITES + "ON CONFLICT DO NOTHING"
+_MANY["special_write"] = (
+    _WRITES
     + """ON CONFLICT (tid, checkpoint_ns, checkpoint_id, task_id, idx) DO UPDATE SET
     task_path = EXCLUDED.task_path, channel = EXCLUDED.channel,
     type = EXCLUDED.type, value = EXCLUDED.value"""
@@ -326,6 +337,12 @@ SELECT
        WHERE %(tid)s::bigint IS NULL OR tid = %(tid)s::bigint)
     + (SELECT count(*) * 48 FROM tk_message_links WHERE %(tid)s::bigint IS NULL OR tid = %(tid)s::bigint)
 """
+
+
+def many(kind: str, common: dict[str, object], rows: list[dict[str, object]]) -> Sql:
+    """One statement for all ``rows``: each column goes in as one array."""
+    columns = {name: [row[name] for row in rows] for name in rows[0]}
+    return Sql(_MANY[kind], {**common, **columns})
 
 
 def text_list(items: list[str]) -> object:

@@ -155,7 +155,7 @@ class RedisEngine:
             script = self._scripts[key] = client.register_script(script_source(name))
         return script
 
-    def run(self, make: ProgramFactory[T], *, write: bool = False) -> T:
+    def run(self, make: ProgramFactory[T], *, write: bool = False, atomic: bool = True) -> T:
         """Run one program, retrying it whole after a dropped connection."""
         tries = 0
         while True:
@@ -165,7 +165,7 @@ class RedisEngine:
             except Exception as error:
                 time.sleep(self.retry.delay_after(error, tries))
 
-    async def arun(self, make: ProgramFactory[T], *, write: bool = False) -> T:
+    async def arun(self, make: ProgramFactory[T], *, write: bool = False, atomic: bool = True) -> T:
         """The same as :meth:`run`, on the event loop's own client."""
         tries = 0
         while True:

@@ -30,7 +30,7 @@ from threadkeep.core.records import (
     decode_structure,
     matches_filter,
 )
-from threadkeep.core.rules import required_head
+from threadkeep.core.rules import required_head, required_owner
 from threadkeep.errors import (
     CheckpointDeleteError,
     CheckpointSerializationError,
@@ -63,7 +63,7 @@ _PUT_TRIES = 3
 
 
 def _required_owner(actor: Actor) -> str:
-    return actor.user_id if actor.checks_owner else ""
+    return required_owner(actor) or ""
 
 
 def _record(step: PutStep) -> bytes:

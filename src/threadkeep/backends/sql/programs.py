@@ -26,7 +26,7 @@ from threadkeep.core.records import (
     decode_structure,
     matches_filter,
 )
-from threadkeep.core.rules import check_head, check_owner
+from threadkeep.core.rules import check_head, check_owner, required_owner
 from threadkeep.errors import CheckpointSerializationError, CheckpointStoreFormatError
 
 __all__ = [
@@ -66,16 +66,11 @@ class SqlDialect(Protocol):
     THREAD_FOR_WRITE: str
     THREAD_FOR_READ: str
     PROBE_LINKS: str
-    INSERT_MESSAGE: str
-    INSERT_LINK: str
-    UPSERT_BLOB: str
     UPSERT_CHECKPOINT: str
     DELETE_CHECKPOINTS_BEYOND: str
     DELETE_WRITES_BEYOND: str
     COLLECT_BLOBS: str
-    WRITES_TARGET_PRUNED: str
-    INSERT_WRITE: str
-    UPSERT_WRITE: str
+    THREAD_OWNER: str
     SELECT_STATE_LATEST: str
     SELECT_STATE_AT: str
     SELECT_CHAIN: str
@@ -99,6 +94,12 @@ class SqlDialect(Protocol):
 
     def text_list(self, items: list[str]) -> object: ...
 
+    def many(self, kind: str, common: dict[str, object], rows: list[dict[str, object]]) -> Sql | SqlMany:
+        """Insert ``rows`` of ``kind`` (``message``, ``link``, ``blob``, ``write`` or
+        ``special_write``), each with the ``common`` parameters: one statement per row, or
+        one statement for them all where the dialect can (Postgres arrays)."""
+        ...
+
     def metadata_filter(self, wanted: object) -> object: ...
 
 
@@ -108,23 +109,22 @@ class SqlDialect(Protocol):
 def put(q: SqlDialect, step: PutStep) -> Program[RunnableConfig]:
     """Store one checkpoint, its changed channels and its new messages (SPEC W1, W2, S1-S3).
 
-    Two batches: the thread, its owner and head and a probe of each message list; then every
-    row of the step. Nothing is written before both rules (W2, W3) have passed.
+    Two batches: the thread (locked), its owner and head, and a probe of each message list;
+    then every row of the step. Nothing is written before both rules (W2, W3) have passed.
+    A thread's first put creates it first.
     """
     target = step.target
     ns = target.checkpoint_ns
-    thread = {"thread_id": target.thread_id, "owner": target.actor.user_id, "now": step.now}
-    results = yield Batch(
-        (
-            Sql(q.INSERT_THREAD, thread),
-            Sql(
-                q.THREAD_FOR_WRITE,
-                {"thread_id": target.thread_id, "checkpoint_ns": ns, "checkpoint_id": step.checkpoint_id},
-            ),
-            *(_probe(q, target.thread_id, chain.nodes, len(chain.nodes)) for chain in step.chains),
-        )
+    lookup = Sql(
+        q.THREAD_FOR_WRITE,
+        {"thread_id": target.thread_id, "checkpoint_ns": ns, "checkpoint_id": step.checkpoint_id},
     )
-    ((tid, owner, head_id, stored),) = results[1]
+    probes = tuple(_probe(q, target.thread_id, chain.nodes, len(chain.nodes)) for chain in step.chains)
+    results = yield Batch((lookup, *probes))
+    if not results[0]:
+        thread = {"thread_id": target.thread_id, "owner": target.actor.user_id, "now": step.now}
+        results = (yield Batch((Sql(q.INSERT_THREAD, thread), lookup, *probes)))[1:]
+    ((tid, owner, head_id, stored),) = results[0]
     check_owner(
         thread_id=target.thread_id,
         owner=owner,
@@ -142,22 +142,16 @@ def put(q: SqlDialect, step: PutStep) -> Program[RunnableConfig]:
         branch_from=step.branch_from,
     )
     rows: list[Sql | SqlMany] = []
-    for chain, probed in zip(step.chains, results[2:], strict=True):
+    for chain, probed in zip(step.chains, results[1:], strict=True):
         known = yield from _stored_prefix(q, target.thread_id, chain.nodes, probed)
         rows.extend(_chain_rows(q, int(tid), chain, known))
     if step.blobs:
         rows.append(
-            SqlMany(
-                q.UPSERT_BLOB,
+            q.many(
+                "blob",
+                {"tid": tid, "checkpoint_ns": ns},
                 [
-                    {
-                        "tid": tid,
-                        "checkpoint_ns": ns,
-                        "channel": blob.channel,
-                        "version": blob.version,
-                        "type": blob.type,
-                        "value": blob.value,
-                    }
+                    {"channel": blob.channel, "version": blob.version, "type": blob.type, "value": blob.value}
                     for blob in step.blobs
                 ],
             )
@@ -179,7 +173,7 @@ def put(q: SqlDialect, step: PutStep) -> Program[RunnableConfig]:
     )
     if step.history_limit is not None:
         rows.extend(_keep_newest(q, int(tid), ns, step.history_limit))
-    yield Batch(tuple(rows))
+    yield Batch(tuple(rows), wanted=False)
     return step.result_config()
 
 
@@ -216,20 +210,19 @@ def _chain_rows(q: SqlDialect, tid: int, chain: MessageChain, known: int) -> lis
     if not fresh:
         return []
     return [
-        SqlMany(
-            q.INSERT_MESSAGE,
+        q.many(
+            "message",
+            {"tid": tid},
             [
-                {"tid": tid, "digest": chain.digests[i], "type": kind, "value": payload}
+                {"digest": chain.digests[i], "type": kind, "value": payload}
                 for i in fresh
                 for kind, payload in (chain.payload(i),)
             ],
         ),
-        SqlMany(
-            q.INSERT_LINK,
-            [
-                {"tid": tid, "node": chain.nodes[i], "prev": chain.prev(i), "digest": chain.digests[i]}
-                for i in fresh
-            ],
+        q.many(
+            "link",
+            {"tid": tid},
+            [{"node": chain.nodes[i], "prev": chain.prev(i), "digest": chain.digests[i]} for i in fresh],
         ),
     ]
 
@@ -248,57 +241,47 @@ def _keep_newest(q: SqlDialect, tid: int, ns: str, keep: int) -> list[Sql | SqlM
 def put_writes(q: SqlDialect, step: WritesStep) -> Program[None]:
     """Store a task's writes: regular ones once, special ones (errors, interrupts) overwritten.
 
-    LangGraph may deliver a task's writes after later checkpoints were stored; under a
-    history limit, writes whose checkpoint was already pruned are dropped with it.
+    One batch, which needs no transaction: every statement is idempotent, and the inserts
+    are guarded in SQL by the owner rule (W3) and, under a history limit, by whether the
+    checkpoint was pruned already (LangGraph may deliver a task's writes late). A refused
+    writer learns it from the owner read back, and nothing of theirs was stored. Writes that
+    arrive before their thread's first put create the thread, in a second batch.
     """
     target = step.target
-    base = {
+    common: dict[str, object] = {
         "thread_id": target.thread_id,
         "checkpoint_ns": target.checkpoint_ns,
         "checkpoint_id": target.checkpoint_id,
+        "required_owner": required_owner(target.actor),
+        "offset": None if step.history_limit is None else step.history_limit - 1,
     }
-    checks: list[Sql | SqlMany] = [
-        Sql(q.INSERT_THREAD, {"thread_id": target.thread_id, "owner": target.actor.user_id, "now": step.now}),
-        Sql(q.THREAD_FOR_WRITE, base),
-    ]
-    if step.history_limit is not None:
-        checks.append(Sql(q.WRITES_TARGET_PRUNED, {**base, "offset": step.history_limit - 1}))
-    rows = [
-        (
-            write.special,
+    requests: list[Sql | SqlMany] = [Sql(q.THREAD_OWNER, {"thread_id": target.thread_id})]
+    for kind, special in (("write", False), ("special_write", True)):
+        rows = [
             {
-                **base,
                 "task_id": write.task_id,
                 "idx": write.idx,
                 "task_path": write.task_path,
                 "channel": write.channel,
                 "type": write.type,
                 "value": write.value,
-            },
-        )
-        for write in step.rows
-    ]
-    inserts: list[Sql | SqlMany] = []
-    regular = [row for special, row in rows if not special]
-    special = [row for special, row in rows if special]
-    if regular:
-        inserts.append(SqlMany(q.INSERT_WRITE, regular))
-    if special:
-        inserts.append(SqlMany(q.UPSERT_WRITE, special))
-    if step.history_limit is None:
-        # One round trip: a refused owner raises below and rolls the inserts back.
-        results = yield Batch((*checks, *inserts))
-    else:
-        results = yield Batch(tuple(checks))
-    ((_, owner, _, _),) = results[1]
+            }
+            for write in step.rows
+            if write.special is special
+        ]
+        if rows:
+            requests.append(q.many(kind, common, rows))
+    results = yield Batch(tuple(requests))
+    if not results[0]:
+        thread = {"thread_id": target.thread_id, "owner": target.actor.user_id, "now": step.now}
+        results = (yield Batch((Sql(q.INSERT_THREAD, thread), *requests)))[1:]
+    ((owner,),) = results[0]
     check_owner(
         thread_id=target.thread_id,
         owner=owner,
         user_id=target.actor.user_id,
         enforce=target.actor.checks_owner,
     )
-    if step.history_limit is not None and not results[2][0][0]:
-        yield Batch(tuple(inserts))
 
 
 # --- reads -------------------------------------------------------------------------------

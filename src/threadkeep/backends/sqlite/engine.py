@@ -113,7 +113,7 @@ class SqliteEngine:
             self._idle.append(conn)
         self._slots.release()
 
-    def run(self, make: ProgramFactory[T], *, write: bool = False) -> T:
+    def run(self, make: ProgramFactory[T], *, write: bool = False, atomic: bool = True) -> T:
         """Run one program in one transaction; roll back everything if it fails."""
         if write:
             with self._writer:
@@ -141,7 +141,7 @@ class SqliteEngine:
         """Run a schema program in its own write transaction."""
         return self.run(make, write=True)
 
-    async def arun(self, make: ProgramFactory[T], *, write: bool = False) -> T:
+    async def arun(self, make: ProgramFactory[T], *, write: bool = False, atomic: bool = True) -> T:
         """Run one program without blocking the event loop.
 
         The in-memory database answers in microseconds and is shared by one connection, so it
