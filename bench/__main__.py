@@ -1,4 +1,5 @@
-"""``./dev bench [conversation] [--runs N] [--turns 5,10,20,40] [--json PATH]``."""
+"""``./dev bench [conversation|servers] [--runs N] [--turns 5,10,20,40] [--json PATH]``
+(``servers`` also takes ``--conversations 32 --conversation-turns 10,40``)."""
 
 from __future__ import annotations
 
@@ -7,18 +8,30 @@ import json
 import sys
 from pathlib import Path
 
-from bench import conversation
+from bench import conversation, servers
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="./dev bench")
-    parser.add_argument("suite", nargs="?", default="conversation", choices=["conversation"])
+    parser.add_argument("suite", nargs="?", default="conversation", choices=["conversation", "servers"])
     parser.add_argument("--runs", type=int, default=3, help="runs per measurement; the median is kept")
     parser.add_argument("--turns", default="5,10,20,40", help="conversation lengths K to measure")
     parser.add_argument("--json", type=Path, help="also write the raw results here")
+    parser.add_argument("--conversations", type=int, default=32, help="servers: concurrent conversations")
+    parser.add_argument(
+        "--conversation-turns", default="10,40", help="servers: lengths of the concurrent conversations"
+    )
     args = parser.parse_args(argv)
     turns = tuple(int(k) for k in args.turns.split(","))
-    results = conversation.main(runs=args.runs, turns=turns)
+    if args.suite == "servers":
+        results = servers.main(
+            runs=args.runs,
+            turns=turns,
+            conversations=args.conversations,
+            conversation_turns=tuple(int(n) for n in args.conversation_turns.split(",")),
+        )
+    else:
+        results = conversation.main(runs=args.runs, turns=turns)
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
     return 0

@@ -332,8 +332,10 @@ class ThreadkeepSaver(BaseCheckpointSaver[str]):
     def get_next_version(self, current: str | None, channel: None) -> str:
         """Versions that sort as they grow and never collide across branches."""
         # LangGraph may hand back an int version from another saver; accept both.
+        # Ten digits sort as numbers; 48 random bits keep two branches that reach the same
+        # number from sharing a stored value. (LangGraph's savers spend 50 characters.)
         number = 0 if current is None else int(str(current).split(".")[0])
-        return f"{number + 1:032}.{random.random():016}"
+        return f"{number + 1:010}.{random.getrandbits(48):012x}"
 
     def with_allowlist(self, extra_allowlist: Collection[tuple[str, ...]]) -> ThreadkeepSaver:
         """A shallow copy whose serializer also allows ``extra_allowlist`` classes on read."""

@@ -166,6 +166,11 @@ class ContentCache:
             tails = list(self._recent.get(thread_id, ()))
         return [tail for tail in tails if self.messages(tail) is not None]
 
+    def holds_lists_of(self, thread_id: str) -> bool:
+        """Whether a list of ``thread_id`` was kept lately (its payloads may since have left)."""
+        with self._guard:
+            return any(tail in self._lists for tail in self._recent.get(thread_id, ()))
+
     def _keep(
         self,
         tail: bytes,

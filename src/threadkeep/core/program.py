@@ -46,10 +46,17 @@ class Batch:
     may send them all at once (Postgres pipeline mode: one round trip instead of one each).
     With ``wanted=False`` the program needs no results at all (it receives ``None``s), and
     the statements may travel with the transaction's COMMIT.
+
+    ``independent=True`` says more: every statement but the first is a write, no statement
+    reads what another writes, and only the first (a read, when ``wanted``) returns rows;
+    the others' results are ``[]``. An engine may then run the batch as one statement
+    (Postgres: the writes as data-modifying CTEs of the read), which costs the client one
+    statement's work instead of one per statement.
     """
 
     requests: tuple[Sql | SqlMany, ...]
     wanted: bool = True
+    independent: bool = False
 
 
 class Engine(Protocol):

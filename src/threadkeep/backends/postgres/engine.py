@@ -15,7 +15,9 @@ writers of one thread queue on that thread's row lock inside Postgres.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
+import re
 import time
 import weakref
 from collections.abc import Callable
@@ -254,19 +256,54 @@ def _atransaction(conn: psycopg.AsyncConnection[Any], atomic: bool) -> AbstractA
     return conn.transaction() if atomic else nullcontext()
 
 
+_PLACEHOLDER = re.compile(r"%\((\w+)\)s")
+
+
+@functools.lru_cache(maxsize=256)
+def _fused_sql(statements: tuple[str, ...], read: bool) -> str:
+    """One statement running ``statements`` (placeholders of the i-th renamed ``s<i>_``):
+    the writes as data-modifying CTEs, and the first as the main query when ``read``."""
+    renamed = [_PLACEHOLDER.sub(rf"%(s{i}_\1)s", sql.strip()) for i, sql in enumerate(statements)]
+    first = 1 if read else 0
+    ctes = [f"w{i} AS (\n{sql}\n)" for i, sql in enumerate(renamed) if i >= first]
+    if read:
+        return "WITH r0 AS (\n" + renamed[0] + "\n), " + ", ".join(ctes) + "\nSELECT * FROM r0"
+    return "WITH " + ", ".join(ctes) + "\nSELECT 1"
+
+
+def _fuse(batch: Batch) -> Sql | None:
+    """An independent batch as one statement (see :class:`~threadkeep.core.program.Batch`)."""
+    statements = [r for r in batch.requests if isinstance(r, Sql)]
+    if not batch.independent or len(statements) < 2 or len(statements) != len(batch.requests):
+        return None
+    params = {f"s{i}_{name}": value for i, r in enumerate(statements) for name, value in r.params.items()}
+    return Sql(_fused_sql(tuple(r.sql for r in statements), batch.wanted), params)
+
+
+def _fused_results(batch: Batch, rows: list[Any]) -> list[Any]:
+    if not batch.wanted:
+        return [None] * len(batch.requests)
+    return [rows, *([[]] * (len(batch.requests) - 1))]
+
+
 def _execute(conn: psycopg.Connection[Any], pipe: psycopg.Pipeline, request: Any) -> Any:
+    if isinstance(request, Batch) and (fused := _fuse(request)) is not None:
+        if request.wanted:
+            return _fused_results(request, _execute(conn, pipe, fused))
+        conn.execute(fused.sql, fused.params, binary=True)
+        return _fused_results(request, [])
     if isinstance(request, SqlMany):
         conn.cursor().executemany(request.sql, request.rows)
         return None
     if isinstance(request, Sql):
-        cursor = conn.execute(request.sql, request.params)
+        cursor = conn.execute(request.sql, request.params, binary=True)
         pipe.sync()
         return _rows(cursor)
     if isinstance(request, Batch):
         cursors: list[psycopg.Cursor[Any] | None] = []
         for inner in request.requests:
             if isinstance(inner, Sql):
-                cursors.append(conn.execute(inner.sql, inner.params))
+                cursors.append(conn.execute(inner.sql, inner.params, binary=True))
             else:
                 conn.cursor().executemany(inner.sql, inner.rows)
                 cursors.append(None)
@@ -293,18 +330,23 @@ async def _rows_async(cursor: psycopg.AsyncCursor[Any] | None) -> list[Any] | No
 async def _execute_async(
     conn: psycopg.AsyncConnection[Any], pipe: psycopg.AsyncPipeline, request: Any
 ) -> Any:
+    if isinstance(request, Batch) and (fused := _fuse(request)) is not None:
+        if request.wanted:
+            return _fused_results(request, await _execute_async(conn, pipe, fused))
+        await conn.execute(fused.sql, fused.params, binary=True)
+        return _fused_results(request, [])
     if isinstance(request, SqlMany):
         await conn.cursor().executemany(request.sql, request.rows)
         return None
     if isinstance(request, Sql):
-        cursor = await conn.execute(request.sql, request.params)
+        cursor = await conn.execute(request.sql, request.params, binary=True)
         await pipe.sync()
         return await _rows_async(cursor)
     if isinstance(request, Batch):
         cursors: list[psycopg.AsyncCursor[Any] | None] = []
         for inner in request.requests:
             if isinstance(inner, Sql):
-                cursors.append(await conn.execute(inner.sql, inner.params))
+                cursors.append(await conn.execute(inner.sql, inner.params, binary=True))
             else:
                 await conn.cursor().executemany(inner.sql, inner.rows)
                 cursors.append(None)

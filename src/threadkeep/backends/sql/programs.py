@@ -7,7 +7,7 @@ statements of one transaction, in order, and decides between them. A dialect
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
 from langchain_core.runnables import RunnableConfig
@@ -171,9 +171,9 @@ def put(q: SqlDialect, step: PutStep) -> Program[RunnableConfig]:
             },
         )
     )
+    yield Batch(tuple(rows), wanted=False, independent=True)
     if step.history_limit is not None:
-        rows.extend(_keep_newest(q, int(tid), ns, step.history_limit))
-    yield Batch(tuple(rows), wanted=False)
+        yield Batch(tuple(_keep_newest(q, int(tid), ns, step.history_limit)), wanted=False)
     return step.result_config()
 
 
@@ -271,7 +271,7 @@ def put_writes(q: SqlDialect, step: WritesStep) -> Program[None]:
         ]
         if rows:
             requests.append(q.many(kind, common, rows))
-    results = yield Batch(tuple(requests))
+    results = yield Batch(tuple(requests), independent=True)
     if not results[0]:
         thread = {"thread_id": target.thread_id, "owner": target.actor.user_id, "now": step.now}
         results = (yield Batch((Sql(q.INSERT_THREAD, thread), *requests)))[1:]
@@ -292,9 +292,14 @@ def _thread_tid(q: SqlDialect, thread_id: str, owner: str | None) -> Program[int
     return int(rows[0][0]) if rows else None
 
 
-def _stored(thread_id: str, checkpoint_ns: str, rows: list[Any], *, branch: bool) -> StoredCheckpoint:
-    """The rows of one SELECT_STATE statement: a checkpoint, its values and pending writes."""
+def _stored(
+    thread_id: str, checkpoint_ns: str, rows: list[Any], *, branch: bool
+) -> tuple[StoredCheckpoint, dict[bytes, list[tuple[int, bytes, str, bytes]]]]:
+    """The rows of one SELECT_STATE statement: a checkpoint, its values and pending writes,
+    and the messages of the lists the statement walked: (depth, digest, type, payload) by
+    tail."""
     stored = StoredCheckpoint(thread_id=thread_id, checkpoint_ns=checkpoint_ns, branch=branch)
+    walked: dict[bytes, list[tuple[int, bytes, str, bytes]]] = {}
     for (
         kind,
         tid,
@@ -308,6 +313,8 @@ def _stored(thread_id: str, checkpoint_ns: str, rows: list[Any], *, branch: bool
         task_id,
         path,
         idx,
+        tail,
+        digest,
     ) in rows:
         if kind == 0:
             stored.key = int(tid)
@@ -317,40 +324,58 @@ def _stored(thread_id: str, checkpoint_ns: str, rows: list[Any], *, branch: bool
             stored.metadata = decode_structure(metadata, "metadata")
         elif kind == 1:
             stored.values.append((channel, vtype, bytes(value)))
-        else:
+        elif kind == 2:
             stored.writes.append((path, task_id, idx, channel, vtype, bytes(value)))
-    return stored
+        else:
+            walked.setdefault(bytes(tail), []).append((idx, bytes(digest), vtype, bytes(value)))
+    return stored, walked
 
 
 def _message_lists(
-    q: SqlDialect, content: ContentCache, states: Sequence[StoredCheckpoint]
+    q: SqlDialect,
+    content: ContentCache,
+    states: Sequence[StoredCheckpoint],
+    walked: Mapping[bytes, list[tuple[int, bytes, str, bytes]]] | None = None,
 ) -> Program[dict[bytes, list[tuple[str, bytes]]]]:
-    """The (type, payload) of every message of the lists ``states`` refer to: from the content
-    cache where it holds them, else walked in the store, all walks in one batch."""
+    """The (type, payload) of every message of the lists ``states`` refer to: from what the
+    state statement already walked, else from the content cache, else walked in the store,
+    all walks in one batch."""
     lists: dict[bytes, list[tuple[str, bytes]]] = {}
-    walks: list[tuple[bytes, int]] = []
+    walks: list[tuple[str, bytes, int]] = []
     requests: list[Sql | SqlMany] = []
     for state in states:
         for tail, count in state.chains():
             if tail in lists:
                 continue
+            if walked and tail in walked:
+                lists[tail] = _walked_list(content, state.thread_id, tail, count, walked[tail])
+                continue
             cached = content.messages(tail)
             if cached is not None and len(cached) == count:
                 lists[tail] = cached
-            elif (tail, count) not in walks:
-                walks.append((tail, count))
+            elif (state.thread_id, tail, count) not in walks:
+                walks.append((state.thread_id, tail, count))
                 requests.append(Sql(q.SELECT_CHAIN, {"tid": state.key, "tail": tail, "count": count}))
     if requests:
         results = yield Batch(tuple(requests))
-        for (tail, count), rows in zip(walks, results, strict=True):
-            if len(rows) != count:
-                raise CheckpointSerializationError(
-                    f"message history is incomplete: {len(rows)} of {count} messages are stored"
-                )
-            rows.sort(key=lambda row: -row[0])
-            content.keep(tail, [(bytes(digest), kind, bytes(payload)) for _, digest, kind, payload in rows])
-            lists[tail] = [(kind, bytes(payload)) for _, _, kind, payload in rows]
+        for (thread_id, tail, count), rows in zip(walks, results, strict=True):
+            lists[tail] = _walked_list(content, thread_id, tail, count, rows)
     return lists
+
+
+def _walked_list(
+    content: ContentCache, thread_id: str, tail: bytes, count: int, rows: list[Any]
+) -> list[tuple[str, bytes]]:
+    """A list from the rows of a chain walk, (depth, digest, type, payload) in any order."""
+    if len(rows) != count:
+        raise CheckpointSerializationError(
+            f"message history is incomplete: {len(rows)} of {count} messages are stored"
+        )
+    rows.sort(key=lambda row: -row[0])
+    content.keep(
+        tail, [(bytes(digest), kind, bytes(payload)) for _, digest, kind, payload in rows], thread_id
+    )
+    return [(kind, bytes(payload)) for _, _, kind, payload in rows]
 
 
 def get_tuple(
@@ -362,12 +387,17 @@ def get_tuple(
         "owner": target.actor.owner_filter,
         "checkpoint_ns": target.checkpoint_ns,
         "checkpoint_id": target.checkpoint_id,
+        # A reader holding none of the thread's lists (a new process, a cold thread) walks
+        # them in the same statement; one that holds them skips the walk.
+        "walk": not content.holds_lists_of(target.thread_id),
     }
     rows = yield Sql(q.SELECT_STATE_LATEST if target.checkpoint_id is None else q.SELECT_STATE_AT, params)
     if not rows:
         return None
-    state = _stored(target.thread_id, target.checkpoint_ns, rows, branch=target.checkpoint_id is not None)
-    lists = yield from _message_lists(q, content, [state])
+    state, walked = _stored(
+        target.thread_id, target.checkpoint_ns, rows, branch=target.checkpoint_id is not None
+    )
+    lists = yield from _message_lists(q, content, [state], walked)
     return state.to_tuple(serde, lists)
 
 
@@ -401,13 +431,19 @@ def list_page(
             tuple(
                 Sql(
                     q.SELECT_STATE_AT,
-                    {"thread_id": t, "owner": query.owner, "checkpoint_ns": ns, "checkpoint_id": c},
+                    {
+                        "thread_id": t,
+                        "owner": query.owner,
+                        "checkpoint_ns": ns,
+                        "checkpoint_id": c,
+                        "walk": False,
+                    },
                 )
                 for t, ns, c in chosen
             )
         )
     states = [
-        _stored(thread_id, ns, state_rows, branch=False)
+        _stored(thread_id, ns, state_rows, branch=False)[0]
         for (thread_id, ns, _), state_rows in zip(chosen, results, strict=True)
         if state_rows  # deleted between the two statements of another page: skip it
     ]

@@ -12,6 +12,7 @@ import asyncio
 import logging
 import sqlite3
 import threading
+import time
 from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
@@ -77,6 +78,20 @@ class SqliteEngine:
     def location(self) -> str:
         return "memory" if self.memory else str(Path(self.path).expanduser())
 
+    def _enter_wal(self, conn: sqlite3.Connection) -> None:
+        """Switch a new file to WAL. The switch needs the file to itself, and SQLite answers
+        "locked" at once, without its busy handler, when several first uses race; so wait
+        here, up to the busy timeout."""
+        deadline = time.monotonic() + self._busy_timeout_ms / 1000
+        while True:
+            try:
+                conn.execute("PRAGMA journal_mode = WAL")
+                return
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) or time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.01)
+
     def _connect(self) -> sqlite3.Connection:
         try:
             conn = sqlite3.connect(
@@ -88,7 +103,7 @@ class SqliteEngine:
             conn.execute(f"PRAGMA busy_timeout = {int(self._busy_timeout_ms)}")
             if not self.memory:
                 # WAL lets readers in other processes run while one process writes.
-                conn.execute("PRAGMA journal_mode = WAL")
+                self._enter_wal(conn)
             conn.execute(f"PRAGMA synchronous = {_pragma_word(self._synchronous)}")
         except sqlite3.Error as exc:
             raise StorageError(f"cannot open the sqlite store at {self.location}: {exc}") from exc

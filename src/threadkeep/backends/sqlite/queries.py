@@ -133,19 +133,22 @@ UPSERT_WRITE = (
 # A checkpoint, its channel values and its pending writes in one statement, if the caller
 # may see the thread. Rows: kind 0 the checkpoint, 1 a channel value, 2 a pending write;
 # columns: kind, tid, checkpoint_id, parent_id, checkpoint, metadata,
-#          channel, type, value, task_id, task_path, idx.
+#          channel, type, value, task_id, task_path, idx, tail, digest.
+# The last two belong to the messages Postgres walks in the same statement (kind 3); an
+# embedded store has no round trip to save, so :walk is ignored and SELECT_CHAIN walks.
 _STATE = """
 SELECT 0, cp.tid, cp.checkpoint_id, cp.parent_id, cp.checkpoint, cp.metadata,
-       NULL, NULL, NULL, NULL, NULL, NULL
+       NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
 FROM cp
 UNION ALL
-SELECT 1, NULL, NULL, NULL, NULL, NULL, b.channel, b.type, b.value, NULL, NULL, NULL
+SELECT 1, NULL, NULL, NULL, NULL, NULL, b.channel, b.type, b.value, NULL, NULL, NULL, NULL, NULL
 FROM cp CROSS JOIN json_each(cp.checkpoint, '$.channel_versions') AS version
 CROSS JOIN tk_blobs AS b  -- CROSS JOIN keeps this order: one primary-key lookup per channel
 WHERE b.tid = cp.tid AND b.checkpoint_ns = :checkpoint_ns
   AND b.channel = version.key AND b.version = CAST(version.value AS TEXT)
 UNION ALL
-SELECT 2, NULL, NULL, NULL, NULL, NULL, w.channel, w.type, w.value, w.task_id, w.task_path, w.idx
+SELECT 2, NULL, NULL, NULL, NULL, NULL, w.channel, w.type, w.value, w.task_id, w.task_path, w.idx,
+       NULL, NULL
 FROM cp JOIN tk_writes AS w ON w.tid = cp.tid AND w.checkpoint_ns = :checkpoint_ns
     AND w.checkpoint_id = cp.checkpoint_id
 """
