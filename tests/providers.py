@@ -138,16 +138,39 @@ def _redis_cluster(tmp_path: Path, unique: str) -> Opener:
     return open_
 
 
+def tiered_probe() -> str | None:
+    return postgres_probe() or redis_probe()
+
+
+# The contract suite reads whole histories (time travel, the conformance suite's list
+# clauses); tiered keeps 20 checkpoints unless told otherwise, which its own tests check.
+TIERED_KEEPS_ALL = 1_000_000
+
+
+def _tiered(tmp_path: Path, unique: str) -> Opener:
+    dsn = postgres_schema(unique)
+    prefix = f"tktestc{unique[:12]}"
+    _PREFIXES.append(prefix)
+
+    def open_(**options: Any) -> ThreadkeepSaver:
+        options.setdefault("cache_prefix", prefix)
+        options.setdefault("state_history_limit", TIERED_KEEPS_ALL)
+        return open_checkpointer("tiered", dsn, settings=Settings(cache_url=REDIS_URL), **options)
+
+    return open_
+
+
 CASES: dict[str, ProviderCase] = {
     "memory": ProviderCase("memory", _memory),
     "sqlite": ProviderCase("sqlite", _sqlite),
     "postgres": ProviderCase("postgres", _postgres, postgres_probe),
     "redis": ProviderCase("redis", _redis, redis_probe),
     "redis-cluster": ProviderCase("redis-cluster", _redis_cluster, cluster_probe),
+    "tiered": ProviderCase("tiered", _tiered, tiered_probe),
 }
 
 # Providers whose store several saver instances (and processes) share.
-SHARED_STORE = frozenset({"sqlite", "postgres", "redis", "redis-cluster"})
+SHARED_STORE = frozenset({"sqlite", "postgres", "redis", "redis-cluster", "tiered"})
 
 
 def require(case: ProviderCase, reason: str | None) -> None:

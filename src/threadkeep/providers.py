@@ -178,4 +178,4 @@ def saver_kwargs(settings: Settings, options: SaverOptions) -> dict[str, Any]:
 
 def _load_builtin_builders() -> None:
     # Importing a backend package registers its provider (drivers are imported on first use).
-    from threadkeep.backends import postgres, redis, sqlite  # noqa: F401
+    from threadkeep.backends import postgres, redis, sqlite, tiered  # noqa: F401

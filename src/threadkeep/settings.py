@@ -38,6 +38,7 @@ VARIABLES: Mapping[str, tuple[str, str | None]] = {
     PREFIX: ("provider", "sqlite"),
     f"{PREFIX}_CONN_STRING": ("conn_string", None),
     f"{PREFIX}_CACHE_URL": ("cache_url", None),
+    f"{PREFIX}_CACHE_TTL_SECONDS": ("cache_ttl_seconds", "86400"),
     f"{PREFIX}_CODEC": ("codec", "json"),
     f"{PREFIX}_INLINE_COMPRESS_BYTES": ("inline_compress_bytes", "65536"),
     f"{PREFIX}_RETENTION_WAITING_MINUTES": ("retention_waiting_minutes", "10080"),
@@ -69,6 +70,7 @@ class Settings:
     provider: ProviderName = "sqlite"
     conn_string: str | None = None
     cache_url: str | None = None
+    cache_ttl_seconds: int = 86400
     codec: CodecName = "json"
     inline_compress_bytes: int | None = 65536
     retention_waiting_minutes: int = 10080
@@ -95,6 +97,7 @@ class Settings:
         for name in (
             "retention_waiting_minutes",
             "retention_finished_minutes",
+            "cache_ttl_seconds",
             "retry_attempts",
             "pool_min_size",
             "pool_max_size",

@@ -56,16 +56,18 @@ def test_w1_a_step_that_fails_midway_stores_nothing(saver: Any, monkeypatch: pyt
     """Whatever request a step fails before, none of its checkpoint, values or messages remain.
 
     (SQL stores commit at the end of the transaction; Redis writes the whole step in its
-    last request, one atomic script.)
+    last request, one atomic script. Tiered: the step fails inside its durable write, and
+    the cache, written only after it, still serves the previous state.)
     """
     graph = build_agent(saver)
     graph.invoke(turn_input(0), cfg("atomic"))
     head = saver.get_tuple(cfg("atomic"))
     before = dict(saver.stats())
-    original = saver.backend.put
+    store = getattr(saver.backend, "durable", saver.backend)
+    original = store.put
     for position in range(10):
         interrupted: list[bool] = []
-        monkeypatch.setattr(saver.backend, "put", _interrupted_put(original, position, interrupted))
+        monkeypatch.setattr(store, "put", _interrupted_put(original, position, interrupted))
         failure: BaseException | None = None
         try:
             graph.invoke(turn_input(1), cfg("atomic"))

@@ -263,6 +263,28 @@ class MessageChain:
         # them, so they are likely stored (a store that must know checks the last one's link).
         self.reused = next((i for i in range(len(nodes)) if i in self._payloads), len(nodes))
 
+    @classmethod
+    def from_encoded(cls, channel: str, version: str, payloads: Sequence[tuple[str, bytes]]) -> MessageChain:
+        """The chain of a list read back from a store, from its messages' stored forms."""
+        chain = cls.__new__(cls)
+        chain.channel = channel
+        chain.version = version
+        chain._messages = ()
+        chain._serde = None  # type: ignore[assignment]  # every payload is at hand
+        chain._payloads = dict(enumerate(payloads))
+        nodes: list[bytes] = []
+        digests: list[bytes] = []
+        prev: bytes | None = None
+        for kind, payload in payloads:
+            digest = digest_of(kind, payload)
+            prev = _link(prev, digest)
+            nodes.append(prev)
+            digests.append(digest)
+        chain.nodes = tuple(nodes)
+        chain.digests = tuple(digests)
+        chain.reused = 0
+        return chain
+
     def _encode(self, position: int) -> tuple[str, bytes]:
         try:
             return self._serde.dumps_typed(self._messages[position])

@@ -88,20 +88,35 @@ class Engine(Protocol):
 
 
 def drive(program: Program[T], execute: Callable[[Any], Any]) -> T:
-    """Run ``program`` to its end, answering each request with ``execute(request)``."""
+    """Run ``program`` to its end, answering each request with ``execute(request)``.
+
+    A request that fails is raised inside the program, which may handle it (the tiered
+    provider clears its cache on a conflict); one it does not handle ends the run.
+    """
     try:
         request = next(program)
         while True:
-            request = program.send(execute(request))
+            try:
+                reply = execute(request)
+            except Exception as error:
+                request = program.throw(error)
+            else:
+                request = program.send(reply)
     except StopIteration as stop:
         return stop.value  # type: ignore[no-any-return]
 
 
 async def drive_async(program: Program[T], execute: Callable[[Any], Awaitable[Any]]) -> T:
-    """Run ``program`` to its end, answering each request with ``await execute(request)``."""
+    """Run ``program`` to its end, answering each request with ``await execute(request)``
+    (failures are raised inside the program, as :func:`drive` says)."""
     try:
         request = next(program)
         while True:
-            request = program.send(await execute(request))
+            try:
+                reply = await execute(request)
+            except Exception as error:
+                request = program.throw(error)
+            else:
+                request = program.send(reply)
     except StopIteration as stop:
         return stop.value  # type: ignore[no-any-return]

@@ -7,8 +7,9 @@ refused value fails before any I/O); ``assemble`` turns rows read back into a
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any, Final, cast
 
 from langchain_core.runnables import RunnableConfig
@@ -131,6 +132,9 @@ class PutStep:
     chains: tuple[MessageChain, ...]
     now: float
     history_limit: int | None
+    # The same step with every channel of the checkpoint, not only the changed ones: for a
+    # store that does not hold the parent (the tiered cache after a miss). Built on demand.
+    whole: Callable[[], PutStep] | None = field(default=None, compare=False, repr=False)
 
     @property
     def parent_id(self) -> str | None:
@@ -201,6 +205,14 @@ def prepare_put(
             blobs.append(BlobRow(channel, key, kind, payload))
     structure = {k: v for k, v in checkpoint.items() if k != "channel_values"}
     stored_metadata = get_serializable_checkpoint_metadata(config, metadata)
+    every = checkpoint["channel_versions"]
+    whole: Callable[[], PutStep] | None = None
+    if any(channel not in new_versions for channel in every):
+        whole = partial(
+            prepare_put, config, checkpoint, metadata, every, serde,
+            isolate=isolate, history_limit=history_limit, now=now, memo=memo,
+        )  # fmt: skip
+
     run_id = stored_metadata.get("run_id")
     return PutStep(
         target=target,
@@ -217,6 +229,7 @@ def prepare_put(
         chains=tuple(chains),
         now=now,
         history_limit=history_limit,
+        whole=whole,
     )
 
 
@@ -357,6 +370,55 @@ class StoredCheckpoint:
     def chains(self) -> list[tuple[bytes, int]]:
         """The (tail, length) of every message list this checkpoint refers to."""
         return [parse_chain_ref(value) for _, vtype, value in self.values if vtype == CHAIN_TYPE]
+
+    def missing_channels(self) -> list[str]:
+        """Channels the structure names that have no stored value (a store that lost keys)."""
+        held = {channel for channel, _, _ in self.values}
+        return [channel for channel in self.structure.get("channel_versions", {}) if channel not in held]
+
+    def as_put_step(
+        self, actor: Actor, lists: Mapping[bytes, Sequence[tuple[str, bytes]]], now: float
+    ) -> PutStep:
+        """The put that would store this checkpoint whole, from its stored forms (nothing is
+        encoded again): how the tiered provider seeds its cache after a miss."""
+        versions = {
+            channel: version_key(version)
+            for channel, version in self.structure.get("channel_versions", {}).items()
+        }
+        blobs: list[BlobRow] = []
+        chains: list[MessageChain] = []
+        for channel, vtype, value in self.values:
+            if vtype == CHAIN_TYPE:
+                tail, _ = parse_chain_ref(value)
+                chains.append(MessageChain.from_encoded(channel, versions[channel], lists[tail]))
+            blobs.append(BlobRow(channel, versions[channel], vtype, value))
+        run_id = self.metadata.get("run_id")
+        return PutStep(
+            target=Target(self.thread_id, self.checkpoint_ns, self.parent_id, actor),
+            checkpoint_id=self.checkpoint_id,
+            run_id=None if run_id is None else str(run_id),
+            source=self.metadata.get("source"),
+            branch_from=None,
+            checkpoint=_encode_structure(self.structure, "checkpoint"),
+            metadata=_encode_structure(self.metadata, "metadata"),
+            versions=tuple(versions.items()),
+            blobs=tuple(blobs),
+            chains=tuple(chains),
+            now=now,
+            history_limit=None,
+        )
+
+    def as_writes_step(self, actor: Actor, now: float) -> WritesStep:
+        """The put_writes that would store this checkpoint's pending writes, as stored."""
+        return WritesStep(
+            Target(self.thread_id, self.checkpoint_ns, self.checkpoint_id, actor),
+            tuple(
+                WriteRow(task_id, idx, path, channel, vtype, value)
+                for path, task_id, idx, channel, vtype, value in self.writes
+            ),
+            now,
+            None,
+        )
 
     def to_tuple(
         self, serde: SerializerProtocol, lists: Mapping[bytes, Sequence[tuple[str, bytes]]]

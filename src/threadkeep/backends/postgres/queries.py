@@ -94,6 +94,14 @@ WHERE tid = %(tid)s AND checkpoint_ns = %(checkpoint_ns)s
 
 THREAD_OWNER = "SELECT owner FROM tk_threads WHERE thread_id = %(thread_id)s"
 
+# The threads (and owners) that hold checkpoints of the given runs.
+RUN_THREADS = """
+SELECT DISTINCT t.thread_id, t.owner
+FROM tk_checkpoints AS c JOIN tk_threads AS t ON t.tid = c.tid
+WHERE c.run_id IN (SELECT jsonb_array_elements_text(%(run_ids)s::jsonb))
+  AND (%(owner)s::text IS NULL OR t.owner = %(owner)s::text)
+"""
+
 # Rows go in as arrays: one statement however many rows a step has.
 _MANY = {
     "message": """

@@ -83,6 +83,8 @@ class RedisEngine:
         client: A sync client the application owns; used as given, never closed here.
         async_client: An async client the application owns; used as given, never closed here.
         connect_timeout: Seconds opening a connection may take.
+        socket_timeout: Seconds a command may take (``None``: no limit); a cache sets one so
+            that a Redis that hangs costs a bounded wait.
     """
 
     def __init__(
@@ -94,18 +96,20 @@ class RedisEngine:
         client: Any = None,
         async_client: Any = None,
         connect_timeout: float = 10.0,
+        socket_timeout: float | None = None,
     ) -> None:
         self.url = url
         self.retry = retry
         self._given = client
         self._given_async = async_client
         self._timeout = connect_timeout
+        self._socket_timeout = socket_timeout
         self._client: Any = None
         self._async_clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any] = (
             weakref.WeakKeyDictionary()
         )
         self._scripts: dict[tuple[int, str], Any] = {}
-        self.cluster = self._is_cluster() if cluster is None else cluster
+        self._cluster = cluster
 
     @property
     def location(self) -> str:
@@ -115,6 +119,14 @@ class RedisEngine:
         if parsed.port:
             netloc += f":{parsed.port}"
         return f"{parsed.scheme}://{netloc}{parsed.path}"
+
+    @property
+    def cluster(self) -> bool:
+        """Whether the server is a Redis Cluster: as given, else asked on first use (so an
+        engine can be built while its server is down)."""
+        if self._cluster is None:
+            self._cluster = self._is_cluster()
+        return self._cluster
 
     def _is_cluster(self) -> bool:
         client = self._given or redis.Redis.from_url(self.url, socket_connect_timeout=self._timeout)
@@ -133,7 +145,10 @@ class RedisEngine:
         if self._client is None:
             factory = redis.cluster.RedisCluster if self.cluster else redis.Redis
             self._client = factory.from_url(
-                self.url, socket_connect_timeout=self._timeout, health_check_interval=30
+                self.url,
+                socket_connect_timeout=self._timeout,
+                socket_timeout=self._socket_timeout,
+                health_check_interval=30,
             )
         return self._client
 
@@ -144,7 +159,9 @@ class RedisEngine:
         client = self._async_clients.get(loop)
         if client is None:
             factory = redis.asyncio.cluster.RedisCluster if self.cluster else redis.asyncio.Redis
-            client = factory.from_url(self.url, socket_connect_timeout=self._timeout)
+            client = factory.from_url(
+                self.url, socket_connect_timeout=self._timeout, socket_timeout=self._socket_timeout
+            )
             self._async_clients[loop] = client
         return client
 

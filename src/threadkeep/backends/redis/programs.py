@@ -50,9 +50,13 @@ __all__ = [
     "prune",
     "put",
     "put_writes",
+    "read_state",
     "record_format",
+    "record_of",
     "reset",
     "stats",
+    "step_rows",
+    "stored_prefix",
 ]
 
 NUL = b"\0"
@@ -66,7 +70,8 @@ def _required_owner(actor: Actor) -> str:
     return required_owner(actor) or ""
 
 
-def _record(step: PutStep) -> bytes:
+def record_of(step: PutStep) -> bytes:
+    """The checkpoint record a put stores (see lua/_prelude.lua)."""
     return orjson.dumps(
         {
             "p": step.parent_id,
@@ -91,11 +96,17 @@ def _put_args(step: PutStep, ttl_ms: int, known: list[int]) -> list[object]:
         target.checkpoint_ns,
         step.checkpoint_id,
         required or "",
-        _record(step),
+        record_of(step),
         step.history_limit or 0,
     ]
+    return args + step_rows(step, known)
+
+
+def step_rows(step: PutStep, known: Sequence[int]) -> list[object]:
+    """The rows of a put as put.lua (and cache_put.lua) read them: each message list's
+    known prefix, the channel values, then the messages and links after the prefixes."""
     prefixes = [chain.nodes[count - 1] for chain, count in zip(step.chains, known, strict=True) if count]
-    args += [len(prefixes), *prefixes]
+    args: list[object] = [len(prefixes), *prefixes]
     args.append(len(step.blobs))
     for blob in step.blobs:
         args += [f"{blob.channel}\0{blob.version}", blob.type.encode() + NUL + blob.value]
@@ -109,7 +120,7 @@ def _put_args(step: PutStep, ttl_ms: int, known: list[int]) -> list[object]:
     return [*args, len(messages) // 2, *messages, len(links) // 2, *links]
 
 
-def _stored_prefix(flags: Sequence[int]) -> int:
+def stored_prefix(flags: Sequence[int]) -> int:
     """Stored links are prefix-closed: the newest stored one settles the prefix."""
     for position in range(len(flags) - 1, -1, -1):
         if flags[position]:
@@ -125,7 +136,7 @@ def put(space: KeySpace, step: PutStep, ttl_ms: int) -> Program[RunnableConfig]:
     known = [chain.reused for chain in step.chains]
     for position, chain in enumerate(step.chains):
         if len(chain.nodes) - known[position] > _PROBE_AFTER:
-            known[position] = _stored_prefix((yield Script("probe", keys, chain.nodes)))
+            known[position] = stored_prefix((yield Script("probe", keys, chain.nodes)))
     for _ in range(_PUT_TRIES):
         reply = yield Script("put", keys, _put_args(step, ttl_ms, known))
         status = reply[0]
@@ -139,12 +150,13 @@ def put(space: KeySpace, step: PutStep, ttl_ms: int) -> Program[RunnableConfig]:
             )
         # "resend": a list's prefix is not stored (deleted, or never committed): ask which is.
         for position, chain in enumerate(step.chains):
-            known[position] = _stored_prefix((yield Script("probe", keys, chain.nodes)))
+            known[position] = stored_prefix((yield Script("probe", keys, chain.nodes)))
     raise StorageError(f"thread {target.thread_id!r} kept changing under a put; try again")
 
 
-def put_writes(space: KeySpace, step: WritesStep, ttl_ms: int) -> Program[None]:
-    """Store a task's writes with one script."""
+def put_writes(space: KeySpace, step: WritesStep, ttl_ms: int, *, keys: Sequence[str] = ()) -> Program[None]:
+    """Store a task's writes with one script. Given ``keys`` (a tiered cache entry), only
+    against a checkpoint those keys hold."""
     target = step.target
     args: list[object] = [
         target.thread_id,
@@ -155,6 +167,7 @@ def put_writes(space: KeySpace, step: WritesStep, ttl_ms: int) -> Program[None]:
         target.checkpoint_ns,
         target.checkpoint_id,
         step.history_limit or 0,
+        "1" if keys else "0",
         len(step.rows),
     ]
     for row in step.rows:
@@ -163,7 +176,7 @@ def put_writes(space: KeySpace, step: WritesStep, ttl_ms: int) -> Program[None]:
             NUL.join((row.task_path.encode(), row.channel.encode(), row.type.encode(), row.value)),
             "1" if row.special else "0",
         ]
-    reply = yield Script("put_writes", space.thread(target.thread_id), args)
+    reply = yield Script("put_writes", keys or space.thread(target.thread_id), args)
     if reply[0] == b"forbidden":
         raise StorageForbiddenError(target.thread_id, target.actor.user_id)
 
@@ -250,22 +263,29 @@ def _load(
     content: ContentCache,
     *,
     branch: bool,
+    keys: Sequence[str] = (),
 ) -> Program[list[tuple[StoredCheckpoint, dict[bytes, list[tuple[str, bytes]]]] | None]]:
     held = b"".join(content.recent_tails(thread_id))
     args: list[object] = [owner or "", held, len(wanted)]
     for ns, checkpoint_id in wanted:
         args += [ns, checkpoint_id]
-    reply = yield Script("load", space.thread(thread_id), args)
+    reply = yield Script("load", keys or space.thread(thread_id), args)
     out: list[tuple[StoredCheckpoint, dict[bytes, list[tuple[str, bytes]]]] | None] = []
     for (ns, _), entry in zip(wanted, reply, strict=True):
         out.append(_stored(thread_id, ns, entry, branch) if entry else None)
     return out
 
 
-def get_tuple(
-    space: KeySpace, target: Target, serde: SerializerProtocol, content: ContentCache
-) -> Program[CheckpointTuple | None]:
-    """The addressed checkpoint, or the newest of its namespace, in one round trip."""
+def read_state(
+    space: KeySpace,
+    target: Target,
+    content: ContentCache,
+    *,
+    keys: Sequence[str] = (),
+) -> Program[tuple[StoredCheckpoint, dict[bytes, list[tuple[str, bytes]]]] | None]:
+    """The addressed checkpoint (or the newest of its namespace) as stored, with the stored
+    form of every message of its lists, in one round trip. Given ``keys`` (a tiered cache
+    entry), read those instead of the thread's own."""
     (found,) = yield from _load(
         space,
         target.thread_id,
@@ -273,12 +293,24 @@ def get_tuple(
         [(target.checkpoint_ns, target.checkpoint_id or "")],
         content,
         branch=target.checkpoint_id is not None,
+        keys=keys,
     )
     if found is None:
         return None
     stored, carried = found
     lists = _resolve(stored, carried, content)
     _remember(stored, carried, content)
+    return stored, lists
+
+
+def get_tuple(
+    space: KeySpace, target: Target, serde: SerializerProtocol, content: ContentCache
+) -> Program[CheckpointTuple | None]:
+    """The addressed checkpoint, or the newest of its namespace, in one round trip."""
+    found = yield from read_state(space, target, content)
+    if found is None:
+        return None
+    stored, lists = found
     return stored.to_tuple(serde, lists)
 
 

@@ -18,7 +18,7 @@ from threadkeep.backends.sql.programs import SqlDialect
 from threadkeep.core.identity import Actor
 from threadkeep.core.messages import ContentCache
 from threadkeep.core.program import Engine, Program
-from threadkeep.core.records import ListQuery, PutStep, Target, WritesStep
+from threadkeep.core.records import ListQuery, PutStep, StoredCheckpoint, Target, WritesStep
 
 __all__ = ["Migration", "SqlBackend", "load_migrations"]
 
@@ -97,6 +97,17 @@ class SqlBackend:
         self, target: Target, serde: SerializerProtocol, content: ContentCache
     ) -> Program[CheckpointTuple | None]:
         return programs.get_tuple(self.dialect, target, serde, content)
+
+    def get_stored(
+        self, target: Target, content: ContentCache
+    ) -> Program[tuple[StoredCheckpoint, dict[bytes, list[tuple[str, bytes]]]] | None]:
+        return programs.get_stored(self.dialect, target, content)
+
+    def owner_of(self, thread_id: str) -> Program[str | None]:
+        return programs.owner_of(self.dialect, thread_id)
+
+    def run_threads(self, run_ids: Sequence[str], owner: str | None) -> Program[list[tuple[str, str]]]:
+        return programs.run_threads(self.dialect, run_ids, owner)
 
     def list_page(
         self, query: ListQuery, serde: SerializerProtocol, content: ContentCache

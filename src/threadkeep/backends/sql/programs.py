@@ -71,6 +71,7 @@ class SqlDialect(Protocol):
     DELETE_WRITES_BEYOND: str
     COLLECT_BLOBS: str
     THREAD_OWNER: str
+    RUN_THREADS: str
     SELECT_STATE_LATEST: str
     SELECT_STATE_AT: str
     SELECT_CHAIN: str
@@ -378,10 +379,11 @@ def _walked_list(
     return [(kind, bytes(payload)) for _, _, kind, payload in rows]
 
 
-def get_tuple(
-    q: SqlDialect, target: Target, serde: SerializerProtocol, content: ContentCache
-) -> Program[CheckpointTuple | None]:
-    """The addressed checkpoint, or the newest of its namespace, with its pending writes."""
+def get_stored(
+    q: SqlDialect, target: Target, content: ContentCache
+) -> Program[tuple[StoredCheckpoint, dict[bytes, list[tuple[str, bytes]]]] | None]:
+    """The addressed checkpoint (or the newest of its namespace) as stored, with the stored
+    form of every message of its lists, undecoded."""
     params = {
         "thread_id": target.thread_id,
         "owner": target.actor.owner_filter,
@@ -398,7 +400,30 @@ def get_tuple(
         target.thread_id, target.checkpoint_ns, rows, branch=target.checkpoint_id is not None
     )
     lists = yield from _message_lists(q, content, [state], walked)
+    return state, lists
+
+
+def get_tuple(
+    q: SqlDialect, target: Target, serde: SerializerProtocol, content: ContentCache
+) -> Program[CheckpointTuple | None]:
+    """The addressed checkpoint, or the newest of its namespace, with its pending writes."""
+    found = yield from get_stored(q, target, content)
+    if found is None:
+        return None
+    state, lists = found
     return state.to_tuple(serde, lists)
+
+
+def owner_of(q: SqlDialect, thread_id: str) -> Program[str | None]:
+    """The user who owns ``thread_id``, or ``None`` if the store has no such thread."""
+    rows = yield Sql(q.THREAD_OWNER, {"thread_id": thread_id})
+    return str(rows[0][0]) if rows else None
+
+
+def run_threads(q: SqlDialect, run_ids: Sequence[str], owner: str | None) -> Program[list[tuple[str, str]]]:
+    """The (thread id, owner) of every thread holding checkpoints of ``run_ids``."""
+    rows = yield Sql(q.RUN_THREADS, {"run_ids": q.text_list(list(run_ids)), "owner": owner})
+    return [(str(thread_id), str(thread_owner)) for thread_id, thread_owner in rows]
 
 
 def list_page(

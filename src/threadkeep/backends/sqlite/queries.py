@@ -101,6 +101,14 @@ WHERE tid = :tid AND checkpoint_ns = :checkpoint_ns
 
 THREAD_OWNER = "SELECT owner FROM tk_threads WHERE thread_id = :thread_id"
 
+# The threads (and owners) that hold checkpoints of the given runs.
+RUN_THREADS = """
+SELECT DISTINCT t.thread_id, t.owner
+FROM tk_checkpoints AS c JOIN tk_threads AS t ON t.tid = c.tid
+WHERE c.run_id IN (SELECT value FROM json_each(:run_ids))
+  AND (:owner IS NULL OR t.owner = :owner)
+"""
+
 # A write is stored only if the writer may write the thread (W3) and, under a history limit
 # (:offset set), its checkpoint was not pruned already (LangGraph may deliver writes late).
 # Guarded so, a task's writes need no transaction: every statement is idempotent.

@@ -63,6 +63,20 @@ local function drop_checkpoint(ns, checkpoint_id)
     end
 end
 
+-- Deletes the pending writes of a namespace's checkpoints older than `checkpoint_id` (the
+-- tiered cache keeps its state's writes, and those that arrived ahead of a newer put).
+local function drop_writes_before(ns, checkpoint_id)
+    local low, high = ns_bounds(ns)
+    for _, field in ipairs(redis.call("ZRANGEBYLEX", KEYS[7], low, high)) do
+        local rest = string.sub(field, #ns + 2)
+        local id = string.sub(rest, 1, string.find(rest, NUL, 1, true) - 1)
+        if id < checkpoint_id then
+            redis.call("HDEL", KEYS[6], field)
+            redis.call("ZREM", KEYS[7], field)
+        end
+    end
+end
+
 -- Deletes the channel values of a namespace that no remaining checkpoint refers to.
 local function collect_blobs(ns)
     local low, high = ns_bounds(ns)
@@ -94,6 +108,41 @@ local function keep_newest(ns, keep)
     end
     collect_blobs(ns)
     return #old
+end
+
+-- The step rows of a put, from ARGV[at] on: c prefix nodes (each message list's known
+-- prefix, which must be stored already), then n blob pairs, m message pairs, l link pairs
+-- (see put.lua). Returns the index of the first list whose prefix is not stored, or nil.
+local function missing_prefix(at)
+    for i = 1, tonumber(ARGV[at]) do
+        if redis.call("HEXISTS", KEYS[9], ARGV[at + i]) == 0 then
+            return i
+        end
+    end
+    return nil
+end
+
+-- Stores the rows of a step (laid out from ARGV[at] as missing_prefix says) and its
+-- checkpoint record.
+local function store_step(at, ns, checkpoint_id, record)
+    at = at + tonumber(ARGV[at]) + 1
+    local blobs = tonumber(ARGV[at])
+    for i = 1, blobs do
+        redis.call("HSET", KEYS[5], ns .. NUL .. ARGV[at + 2 * i - 1], ARGV[at + 2 * i])
+    end
+    at = at + 2 * blobs + 1
+    local messages = tonumber(ARGV[at])
+    for i = 1, messages do
+        redis.call("HSETNX", KEYS[8], ARGV[at + 2 * i - 1], ARGV[at + 2 * i])
+    end
+    at = at + 2 * messages + 1
+    for i = 1, tonumber(ARGV[at]) do
+        redis.call("HSETNX", KEYS[9], ARGV[at + 2 * i - 1], ARGV[at + 2 * i])
+    end
+    local member = ns .. NUL .. checkpoint_id
+    redis.call("HSET", KEYS[2], member, record)
+    redis.call("ZADD", KEYS[3], 0, member)
+    redis.call("ZADD", KEYS[4], 0, checkpoint_id .. NUL .. ns)
 end
 
 -- The namespaces the thread holds checkpoints in.

@@ -26,34 +26,12 @@ if parent ~= "" then
     end
 end
 
-local at = 11
-local prefixes = tonumber(ARGV[at])
-for i = 1, prefixes do
-    if redis.call("HEXISTS", KEYS[9], ARGV[at + i]) == 0 then
-        return {"resend", i}
-    end
+local missing = missing_prefix(11)
+if missing then
+    return {"resend", missing}
 end
-at = at + prefixes + 1
-
 own(ARGV[1], ARGV[2], ARGV[4])
-local blobs = tonumber(ARGV[at])
-for i = 1, blobs do
-    redis.call("HSET", KEYS[5], ns .. NUL .. ARGV[at + 2 * i - 1], ARGV[at + 2 * i])
-end
-at = at + 2 * blobs + 1
-local messages = tonumber(ARGV[at])
-for i = 1, messages do
-    redis.call("HSETNX", KEYS[8], ARGV[at + 2 * i - 1], ARGV[at + 2 * i])
-end
-at = at + 2 * messages + 1
-local links = tonumber(ARGV[at])
-for i = 1, links do
-    redis.call("HSETNX", KEYS[9], ARGV[at + 2 * i - 1], ARGV[at + 2 * i])
-end
-
-redis.call("HSET", KEYS[2], member, ARGV[9])
-redis.call("ZADD", KEYS[3], 0, member)
-redis.call("ZADD", KEYS[4], 0, checkpoint_id .. NUL .. ns)
+store_step(11, ns, checkpoint_id, ARGV[9])
 local limit = tonumber(ARGV[10])
 if limit > 0 then
     keep_newest(ns, limit)

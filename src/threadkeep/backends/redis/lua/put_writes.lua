@@ -5,8 +5,12 @@
 -- ARGV[4] now (s)         ARGV[5] ttl (ms)           ARGV[6] namespace
 -- ARGV[7] checkpoint id   ARGV[8] history limit ("0" = none: writes of a checkpoint the
 --                         limit already pruned are dropped with it)
--- ARGV[9] n, then n triples: "<task id>\0<idx>", "<task path>\0<channel>\0<type>\0<value>",
---                            "1" if special (overwrites) else "0"
+-- ARGV[9] "1" for the tiered cache (T6): drop the writes of a checkpoint older than the
+--         entry's state (they can never be read from it); keep those of the entry's checkpoint
+--         and of a newer one (LangGraph may write a task's writes before its put lands).
+--         "0" otherwise
+-- ARGV[10] n, then n triples: "<task id>\0<idx>", "<task path>\0<channel>\0<type>\0<value>",
+--                             "1" if special (overwrites) else "0"
 -- Returns {"ok"}, {"dropped"} or {"forbidden", owner}.
 local ns, checkpoint_id = ARGV[6], ARGV[7]
 local owner = redis.call("HGET", KEYS[1], "owner")
@@ -15,6 +19,12 @@ if owner and ARGV[3] ~= "" and owner ~= ARGV[3] then
 end
 local limit = tonumber(ARGV[8])
 local member = ns .. NUL .. checkpoint_id
+if ARGV[9] == "1" and redis.call("HEXISTS", KEYS[2], member) == 0 then
+    local cached = redis.call("HGET", KEYS[1], "version" .. NUL .. ns)
+    if cached and cached ~= "-1" and checkpoint_id < cached then
+        return {"dropped"}
+    end
+end
 if limit > 0 and redis.call("HEXISTS", KEYS[2], member) == 0 then
     local low, high = ns_bounds(ns)
     local kept = redis.call("ZRANGEBYLEX", KEYS[3], low, high, "LIMIT", 0, 1)
@@ -23,12 +33,12 @@ if limit > 0 and redis.call("HEXISTS", KEYS[2], member) == 0 then
     end
 end
 own(ARGV[1], ARGV[2], ARGV[4])
-for i = 0, tonumber(ARGV[9]) - 1 do
-    local field = member .. NUL .. ARGV[10 + 3 * i]
-    if ARGV[12 + 3 * i] == "1" then
-        redis.call("HSET", KEYS[6], field, ARGV[11 + 3 * i])
+for i = 0, tonumber(ARGV[10]) - 1 do
+    local field = member .. NUL .. ARGV[11 + 3 * i]
+    if ARGV[13 + 3 * i] == "1" then
+        redis.call("HSET", KEYS[6], field, ARGV[12 + 3 * i])
     else
-        redis.call("HSETNX", KEYS[6], field, ARGV[11 + 3 * i])
+        redis.call("HSETNX", KEYS[6], field, ARGV[12 + 3 * i])
     end
     redis.call("ZADD", KEYS[7], 0, field)
 end

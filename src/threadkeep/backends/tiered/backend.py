@@ -1,0 +1,198 @@
+"""The tiered provider's operations: Postgres first, then the cache (SPEC T1-T7).
+
+Each operation is a tiered program over the Postgres provider's programs and the cache's
+(:mod:`threadkeep.backends.tiered.engine` runs them):
+
+- ``put``: the durable put; then the cache, with the same state. A conflict
+  (``StaleStateError``) clears the thread's entry before it is re-raised (T5); a failed
+  durable write never reaches the cache (T2).
+- ``put_writes``: the durable writes; then the entry, if it holds their checkpoint (T6).
+- ``get_tuple`` of the newest state: the cache; on a miss or a cache error, Postgres, and the
+  state read is written to the cache (T3). Reads of history (an explicit checkpoint id,
+  ``list``) go to Postgres.
+- deletes, copies and prunes: Postgres, then the affected entries are removed.
+
+An entry is keyed by thread and user: under user isolation the user is the thread's owner
+(the only user who may read it; an operator's call looks the owner up), without isolation
+it is the same for everyone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.base import CheckpointTuple
+from langgraph.checkpoint.serde.base import SerializerProtocol
+
+from threadkeep.backends.redis import programs as redis_programs
+from threadkeep.backends.sql.backend import SqlBackend
+from threadkeep.backends.tiered.cache import StateCache
+from threadkeep.backends.tiered.engine import UNAVAILABLE, Cached, Durable, TieredEngine
+from threadkeep.core.identity import Actor
+from threadkeep.core.messages import ContentCache
+from threadkeep.core.program import Program
+from threadkeep.core.records import ListQuery, PutStep, Target, WritesStep
+from threadkeep.errors import StaleStateError
+from threadkeep.metrics import CACHE_EVENTS, Metrics
+
+__all__ = ["TieredBackend"]
+
+_SHARED = ""  # the user part of every entry when isolation is off
+
+
+class TieredBackend:
+    """Postgres, the source of truth, behind a Redis cache of each thread's newest state.
+
+    Args:
+        durable: The Postgres provider's backend.
+        cache: The hot tier's programs.
+        engine: Runs tiered programs on both tiers.
+        isolate: Whether threads belong to users (SPEC W3); it decides the entries' keys.
+        metrics: Where hits, misses, skipped writes and cleared entries are counted.
+        clock: Wall-clock seconds, for entries seeded after a miss.
+    """
+
+    def __init__(
+        self,
+        durable: SqlBackend,
+        cache: StateCache,
+        engine: TieredEngine,
+        *,
+        isolate: bool,
+        metrics: Metrics,
+        clock: Callable[[], float],
+    ) -> None:
+        self.durable = durable
+        self.cache = cache
+        self.engine = engine
+        self.isolate = isolate
+        self.metrics = metrics
+        self.clock = clock
+
+    # whose entry ---------------------------------------------------------------------------
+
+    def _reader(self, actor: Actor) -> str | None:
+        """The entry a read by ``actor`` may use; ``None``: none (an operator under isolation
+        could read any owner's thread, and must not be served another's entry)."""
+        if not self.isolate:
+            return _SHARED
+        return actor.owner_filter
+
+    def _entry_user(self, thread_id: str, actor: Actor) -> Program[str | None]:
+        """The user part of ``thread_id``'s entry; ``None`` if the thread has no owner."""
+        user = self._reader(actor)
+        if user is not None:
+            return user
+        owner: str | None = yield Durable(lambda: self.durable.owner_of(thread_id))
+        return owner
+
+    def _forget(self, thread_id: str, user: str | None) -> Program[None]:
+        if user is None:
+            return
+        removed = yield Cached(lambda: self.cache.forget(thread_id, user), "clear an entry")
+        if removed:
+            self.metrics.inc(CACHE_EVENTS, event="cleared")
+
+    # writes ------------------------------------------------------------------------------------
+
+    def put(self, step: PutStep) -> Program[RunnableConfig]:
+        thread_id, actor = step.target.thread_id, step.target.actor
+        try:
+            config: RunnableConfig = yield Durable(lambda: self.durable.put(step), write=True)
+        except StaleStateError:
+            yield from self._forget(thread_id, (yield from self._entry_user(thread_id, actor)))
+            raise
+        user = yield from self._entry_user(thread_id, actor)
+        if user is not None:
+            outcome = yield Cached(lambda: self.cache.store(step, user), "write a state")
+            if outcome == "skipped":
+                self.metrics.inc(CACHE_EVENTS, event="skipped")
+            elif outcome is UNAVAILABLE:
+                # A failed write may have left an older state behind: drop it if Redis lets us.
+                yield from self._forget(thread_id, user)
+        return config
+
+    def put_writes(self, step: WritesStep) -> Program[None]:
+        thread_id, actor = step.target.thread_id, step.target.actor
+        yield Durable(lambda: self.durable.put_writes(step), write=True, atomic=False)
+        user = yield from self._entry_user(thread_id, actor)
+        if user is not None:
+            outcome = yield Cached(lambda: self.cache.store_writes(step, user), "write pending writes")
+            if outcome is UNAVAILABLE:
+                yield from self._forget(thread_id, user)
+
+    # reads -------------------------------------------------------------------------------------
+
+    def get_tuple(
+        self, target: Target, serde: SerializerProtocol, content: ContentCache
+    ) -> Program[CheckpointTuple | None]:
+        user = self._reader(target.actor) if target.checkpoint_id is None else None
+        if user is not None:
+            hit = yield Cached(lambda: self.cache.load(target, user, serde, content), "read a state")
+            if hit:
+                self.metrics.inc(CACHE_EVENTS, event="hit")
+                return hit  # type: ignore[no-any-return]
+            if hit is None:
+                self.metrics.inc(CACHE_EVENTS, event="miss")
+        found = yield Durable(lambda: self.durable.get_stored(target, content))
+        if found is None:
+            return None
+        stored, lists = found
+        if user is not None:
+            now = self.clock()
+            yield Cached(lambda: self.cache.seed(stored, lists, target.actor, user, now), "seed a state")
+        return stored.to_tuple(serde, lists)  # type: ignore[no-any-return]
+
+    def list_page(
+        self, query: ListQuery, serde: SerializerProtocol, content: ContentCache
+    ) -> Program[tuple[list[CheckpointTuple], ListQuery | None]]:
+        page = yield Durable(lambda: self.durable.list_page(query, serde, content))
+        return page  # type: ignore[no-any-return]
+
+    # deletes and copies ------------------------------------------------------------------------
+
+    def delete_thread(self, thread_id: str, owner: str | None) -> Program[bool]:
+        user = yield from self._entry_user(thread_id, Actor(owner or "", owner))
+        deleted = yield Durable(lambda: self.durable.delete_thread(thread_id, owner), write=True)
+        yield from self._forget(thread_id, user)
+        return bool(deleted)
+
+    def delete_for_runs(self, run_ids: Sequence[str], owner: str | None) -> Program[int]:
+        threads = yield Durable(lambda: self.durable.run_threads(run_ids, owner))
+        removed = yield Durable(lambda: self.durable.delete_for_runs(run_ids, owner), write=True)
+        for thread_id, thread_owner in threads:
+            yield from self._forget(thread_id, thread_owner if self.isolate else _SHARED)
+        return int(removed)
+
+    def copy_thread(self, source: str, target: str, actor: Actor, now: float) -> Program[bool]:
+        copied = yield Durable(lambda: self.durable.copy_thread(source, target, actor, now), write=True)
+        yield from self._forget(target, (yield from self._entry_user(target, actor)))
+        return bool(copied)
+
+    def prune(self, thread_ids: Iterable[str], strategy: str, owner: str | None) -> Program[None]:
+        ids = list(thread_ids)
+        users = []
+        for thread_id in ids:
+            users.append((yield from self._entry_user(thread_id, Actor(owner or "", owner))))
+        yield Durable(lambda: self.durable.prune(ids, strategy, owner), write=True)
+        for thread_id, user in zip(ids, users, strict=True):
+            yield from self._forget(thread_id, user)
+
+    # the store ---------------------------------------------------------------------------------
+
+    def stats(self, thread_id: str | None = None) -> dict[str, Any]:
+        return self.durable.stats(thread_id)
+
+    def location(self) -> str:
+        cache_at = getattr(self.engine.cache, "location", "redis")
+        return f"{self.durable.location()}; cache {self.cache.space.prefix}:* on {cache_at}"
+
+    def check(self) -> None:
+        self.durable.check()
+
+    def reset(self) -> None:
+        """Reset Postgres, then remove every cache entry."""
+        self.durable.reset()
+        self.engine.cache.run(lambda: redis_programs.reset(self.cache.space))

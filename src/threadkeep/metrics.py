@@ -1,0 +1,78 @@
+"""Counters the store keeps about itself, in the Prometheus text format.
+
+A :class:`Metrics` registry holds counters by name and labels. threadkeep counts into
+:data:`METRICS` (the process's registry) unless a saver is given its own; ``GET /metrics``
+serves :meth:`Metrics.render`. A *hook* (any callable) can also be told each event as it
+happens, to forward it to another metrics system.
+
+Counters:
+
+- ``threadkeep_cache_events_total{event}``: the tiered provider's hot tier: ``hit``, ``miss``,
+  ``error`` (Redis failed; the read went to Postgres or the write was dropped), ``skipped``
+  (a write older than the cached state, refused by the compare-and-set) and ``cleared`` (an
+  entry removed after a conflict or a delete).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Mapping
+from typing import Final
+
+__all__ = ["CACHE_EVENTS", "METRICS", "Metrics"]
+
+CACHE_EVENTS: Final = "threadkeep_cache_events_total"
+
+_HELP: Final[Mapping[str, str]] = {
+    CACHE_EVENTS: "Events of the tiered provider's Redis hot tier, by kind.",
+}
+
+Labels = tuple[tuple[str, str], ...]
+Hook = Callable[[str, Mapping[str, str]], None]
+
+
+class Metrics:
+    """Counters by name and labels; safe to use from any thread.
+
+    Args:
+        hook: Called with ``(name, labels)`` on every increment.
+    """
+
+    def __init__(self, hook: Hook | None = None) -> None:
+        self.hook = hook
+        self._counts: dict[str, dict[Labels, float]] = {}
+        self._guard = threading.Lock()
+
+    def inc(self, name: str, amount: float = 1, **labels: str) -> None:
+        """Add ``amount`` to counter ``name`` with ``labels``."""
+        key = tuple(sorted(labels.items()))
+        with self._guard:
+            series = self._counts.setdefault(name, {})
+            series[key] = series.get(key, 0) + amount
+        if self.hook is not None:
+            self.hook(name, labels)
+
+    def value(self, name: str, **labels: str) -> float:
+        """The counter's current value (0 if it was never incremented)."""
+        with self._guard:
+            return self._counts.get(name, {}).get(tuple(sorted(labels.items())), 0)
+
+    def render(self) -> str:
+        """Every counter in the Prometheus text exposition format (version 0.0.4)."""
+        lines: list[str] = []
+        with self._guard:
+            snapshot = {name: dict(series) for name, series in sorted(self._counts.items())}
+        for name, series in snapshot.items():
+            lines.append(f"# HELP {name} {_HELP.get(name, name)}")
+            lines.append(f"# TYPE {name} counter")
+            for labels, value in sorted(series.items()):
+                rendered = ",".join(f'{key}="{_escape(val)}"' for key, val in labels)
+                lines.append(f"{name}{{{rendered}}} {value:g}" if rendered else f"{name} {value:g}")
+        return "\n".join(lines) + "\n"
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+METRICS: Final = Metrics()
