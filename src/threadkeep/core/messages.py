@@ -166,6 +166,12 @@ class ContentCache:
             tails = list(self._recent.get(thread_id, ()))
         return [tail for tail in tails if self.messages(tail) is not None]
 
+    def tails_of(self, thread_id: str) -> frozenset[bytes]:
+        """The tails of the lists lately read or written for ``thread_id``: lists the store
+        holds (their payloads may since have left this cache)."""
+        with self._guard:
+            return frozenset(self._recent.get(thread_id, ()))
+
     def holds_lists_of(self, thread_id: str) -> bool:
         """Whether a list of ``thread_id`` was kept lately (its payloads may since have left)."""
         with self._guard:
@@ -262,6 +268,16 @@ class MessageChain:
         # How many leading messages the memo answered: the previous put of this list sent
         # them, so they are likely stored (a store that must know checks the last one's link).
         self.reused = next((i for i in range(len(nodes)) if i in self._payloads), len(nodes))
+
+    def known_through(self, tails: frozenset[bytes]) -> None:
+        """Count as likely stored every message up to the last of ``tails`` in this list
+        (lists this process read from the store, whose objects the memo does not know)."""
+        if not tails:
+            return
+        for position in range(len(self.nodes) - 1, self.reused - 1, -1):
+            if self.nodes[position] in tails:
+                self.reused = position + 1
+                return
 
     @classmethod
     def from_encoded(cls, channel: str, version: str, payloads: Sequence[tuple[str, bytes]]) -> MessageChain:

@@ -195,6 +195,7 @@ def prepare_put(
                 memo_key = (target.thread_id, target.checkpoint_ns, channel)
                 chain = MessageChain(channel, key, value, serde, memo=memo, memo_key=memo_key)
                 if content is not None:
+                    chain.known_through(content.tails_of(target.thread_id))
                     content.keep_chain(chain, target.thread_id)
             except CheckpointSerializationError as error:
                 raise error.under(path) from None

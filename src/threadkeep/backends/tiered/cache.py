@@ -51,13 +51,16 @@ class StateCache:
         """The nine keys of the entry of ``thread_id`` for ``user`` (one hash tag)."""
         return self.space.thread(f"{thread_id}\0{user}")
 
-    def store(self, step: PutStep, user: str, *, whole: bool = False) -> Program[str]:
-        """Write the state a put stored durably. Returns ``"ok"``, or ``"skipped"`` when the
-        entry already holds a newer state."""
+    def store(
+        self, step: PutStep, user: str, *, whole: bool = False, version: str | None = None
+    ) -> Program[str]:
+        """Write the state a put stored durably (its version: its checkpoint id, unless
+        ``version`` says otherwise). Returns ``"ok"``, or ``"skipped"`` when the entry
+        already holds a newer state."""
         keys = self.keys(step.target.thread_id, user)
         known = [chain.reused for chain in step.chains]
         for _ in range(_TRIES):
-            reply = yield Script("cache_put", keys, self._put_args(step, user, whole, known))
+            reply = yield Script("cache_put", keys, self._put_args(step, user, whole, known, version))
             status = reply[0]
             if status == b"ok":
                 return "ok"
@@ -74,7 +77,9 @@ class StateCache:
                 known[position] = redis_programs.stored_prefix((yield Script("probe", keys, chain.nodes)))
         raise StorageError(f"the cache entry of thread {step.target.thread_id!r} kept changing under a write")
 
-    def _put_args(self, step: PutStep, user: str, whole: bool, known: Sequence[int]) -> list[object]:
+    def _put_args(
+        self, step: PutStep, user: str, whole: bool, known: Sequence[int], version: str | None
+    ) -> list[object]:
         target = step.target
         return [
             target.thread_id,
@@ -83,7 +88,7 @@ class StateCache:
             self.ttl_ms,
             target.checkpoint_ns,
             step.checkpoint_id,
-            step.checkpoint_id,  # its version: every state cached through a put is durable
+            version or step.checkpoint_id,
             step.parent_id or "",
             "1" if whole else "0",
             redis_programs.record_of(step),
