@@ -1,5 +1,6 @@
-"""``./dev bench [conversation|servers] [--runs N] [--turns 5,10,20,40] [--json PATH]``
-(``servers`` also takes ``--conversations 32 --conversation-turns 10,40``)."""
+"""``./dev bench [conversation|servers|tiered] [--runs N] [--turns 5,10,20,40] [--json PATH]``
+(``servers`` also takes ``--conversations 32 --conversation-turns 10,40``; ``tiered`` takes
+``--conversations 32 --conversation-turns 10``, its one length)."""
 
 from __future__ import annotations
 
@@ -8,12 +9,14 @@ import json
 import sys
 from pathlib import Path
 
-from bench import conversation, servers
+from bench import conversation, servers, tiered
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="./dev bench")
-    parser.add_argument("suite", nargs="?", default="conversation", choices=["conversation", "servers"])
+    parser.add_argument(
+        "suite", nargs="?", default="conversation", choices=["conversation", "servers", "tiered"]
+    )
     parser.add_argument("--runs", type=int, default=3, help="runs per measurement; the median is kept")
     parser.add_argument("--turns", default="5,10,20,40", help="conversation lengths K to measure")
     parser.add_argument("--json", type=Path, help="also write the raw results here")
@@ -23,7 +26,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     turns = tuple(int(k) for k in args.turns.split(","))
-    if args.suite == "servers":
+    if args.suite == "tiered":
+        results = tiered.main(
+            runs=args.runs, conversations=args.conversations, turns=int(args.conversation_turns.split(",")[0])
+        )
+    elif args.suite == "servers":
         results = servers.main(
             runs=args.runs,
             turns=turns,

@@ -51,6 +51,14 @@ REDIS = "redis://127.0.0.1:6379/0"
 POOL = 8
 STORES = ("langgraph-postgres", "threadkeep-postgres", "threadkeep-redis", "floor-postgres", "floor-redis")
 SERDE = build_serde()
+THREADKEEP_TABLES = (
+    "tk_threads",
+    "tk_checkpoints",
+    "tk_blobs",
+    "tk_writes",
+    "tk_messages",
+    "tk_message_links",
+)
 
 
 class FloorSaver(BaseCheckpointSaver[str]):
@@ -119,18 +127,17 @@ async def open_store(name: str) -> AsyncIterator[Store]:
         elif name == "threadkeep-postgres":
             saver = open_checkpointer("postgres", dsn, settings=Settings(pool_max_size=POOL))
             closers.append(saver.aclose)
-            yield Store(
-                saver,
-                schema,
-                [
-                    "tk_threads",
-                    "tk_checkpoints",
-                    "tk_blobs",
-                    "tk_writes",
-                    "tk_messages",
-                    "tk_message_links",
-                ],
+            yield Store(saver, schema, list(THREADKEEP_TABLES))
+        elif name == "threadkeep-tiered":
+            saver = open_checkpointer(
+                "tiered",
+                dsn,
+                settings=Settings(pool_max_size=POOL, cache_url=REDIS),
+                cache_prefix=prefix,
             )
+            closers.append(saver.aclose)
+            closers.append(lambda: _redis_drop(prefix))
+            yield Store(saver, schema, list(THREADKEEP_TABLES), prefix=prefix)
         elif name == "threadkeep-redis":
             saver = open_checkpointer("redis", REDIS, settings=Settings(), key_prefix=prefix)
             closers.append(saver.aclose)
