@@ -30,11 +30,15 @@ class ProviderCase:
 
 def _sqlite(tmp_path: Path, unique: str) -> Opener:
     path = tmp_path / f"{unique}.sqlite"
-    return lambda **options: open_checkpointer("sqlite", str(path), settings=Settings(), **options)
+    return lambda settings=None, **options: open_checkpointer(
+        "sqlite", str(path), settings=settings or Settings(), **options
+    )
 
 
 def _memory(tmp_path: Path, unique: str) -> Opener:
-    return lambda **options: open_checkpointer("memory", settings=Settings(), **options)
+    return lambda settings=None, **options: open_checkpointer(
+        "memory", settings=settings or Settings(), **options
+    )
 
 
 POSTGRES_URL = os.environ.get("THREADKEEP_TEST_POSTGRES_URL", "host=127.0.0.1 user=postgres dbname=test")
@@ -75,7 +79,9 @@ def drop_postgres_schemas() -> None:
 
 def _postgres(tmp_path: Path, unique: str) -> Opener:
     dsn = postgres_schema(unique)
-    return lambda **options: open_checkpointer("postgres", dsn, settings=Settings(), **options)
+    return lambda settings=None, **options: open_checkpointer(
+        "postgres", dsn, settings=settings or Settings(), **options
+    )
 
 
 REDIS_URL = os.environ.get("THREADKEEP_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
@@ -108,9 +114,9 @@ def _redis(tmp_path: Path, unique: str) -> Opener:
     prefix = f"tktest{unique[:12]}"
     _PREFIXES.append(prefix)
 
-    def open_(**options: Any) -> ThreadkeepSaver:
+    def open_(settings: Settings | None = None, **options: Any) -> ThreadkeepSaver:
         options.setdefault("key_prefix", prefix)
-        return open_checkpointer("redis", REDIS_URL, settings=Settings(), **options)
+        return open_checkpointer("redis", REDIS_URL, settings=settings or Settings(), **options)
 
     return open_
 
@@ -131,9 +137,9 @@ def _redis_cluster(tmp_path: Path, unique: str) -> Opener:
     prefix = f"tktest{unique[:12]}"
     url = redis_cluster().url
 
-    def open_(**options: Any) -> ThreadkeepSaver:
+    def open_(settings: Settings | None = None, **options: Any) -> ThreadkeepSaver:
         options.setdefault("key_prefix", prefix)
-        return open_checkpointer("redis", url, settings=Settings(), **options)
+        return open_checkpointer("redis", url, settings=settings or Settings(), **options)
 
     return open_
 
@@ -152,10 +158,11 @@ def _tiered(tmp_path: Path, unique: str) -> Opener:
     prefix = f"tktestc{unique[:12]}"
     _PREFIXES.append(prefix)
 
-    def open_(**options: Any) -> ThreadkeepSaver:
+    def open_(settings: Settings | None = None, **options: Any) -> ThreadkeepSaver:
         options.setdefault("cache_prefix", prefix)
         options.setdefault("state_history_limit", TIERED_KEEPS_ALL)
-        return open_checkpointer("tiered", dsn, settings=Settings(cache_url=REDIS_URL), **options)
+        base = (settings or Settings()).with_values(cache_url=REDIS_URL)
+        return open_checkpointer("tiered", dsn, settings=base, **options)
 
     return open_
 

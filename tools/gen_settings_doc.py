@@ -22,6 +22,7 @@ desc = {
     "pool_max_size": "postgres, tiered: connections each pool may open (threadkeep opens one pool per event loop for the async API, one for the sync API).",
     "pool_timeout_seconds": "postgres, tiered: how long a call waits for a free connection before it fails (and is retried).",
     "connect_timeout_seconds": "postgres, redis, tiered: how long opening a connection may take.",
+    "api_keys": "`threadkeep serve`: bearer API keys, comma-separated `key:user:role` (role `admin` or `user`); only an admin key may sweep or write settings. A secret: never logged.",
     "database_url": "Fallback Postgres DSN.",
     "redis_url": "Fallback Redis URL.",
 }
@@ -41,7 +42,8 @@ out += [
     "",
     "## Removed",
     "",
-    "A deployment that sets either of these is refused at start, naming it:",
+    "A deployment that sets either of these is refused at start, and a settings write that sets",
+    "one (`Settings.updated({...})`, `PATCH /api/settings`) is refused, naming it:",
     "",
     "- `LLM_PROVIDER_CHECKPOINT_TTL_MINUTES`: use the two retention values.",
     "- `FLOW_CHECKPOINT_RETENTION_DAYS`: use the two retention values and the checkpoint sweep.",

@@ -5,21 +5,25 @@ graph.compile(checkpointer=threadkeep.open_checkpointer())
 
 from threadkeep.codec import CheckpointedException, FaithfulCodec
 from threadkeep.core.identity import ANONYMOUS, operator_scope, user_scope
+from threadkeep.core.retention import PlatformRetention, ThreadRetention, declare_retention
 from threadkeep.errors import (
     CheckpointDeleteError,
     CheckpointSerializationError,
     CheckpointStoreFormatError,
     ConfigurationError,
     MissingExtraError,
+    ParkRefusedError,
     StaleStateError,
     StorageError,
     StorageForbiddenError,
     ThreadkeepError,
     ThreadRetentionError,
 )
+from threadkeep.owners import RunGroup, RunOutcome, arun_agent, ask, run_agent
 from threadkeep.providers import facts_of, open_checkpointer
 from threadkeep.saver import ProviderFacts, ThreadkeepSaver
 from threadkeep.settings import Settings
+from threadkeep.sweep import SweepResult, register_live_thread_filter, sweep_checkpoints
 
 __all__ = [
     "ANONYMOUS",
@@ -30,16 +34,28 @@ __all__ = [
     "ConfigurationError",
     "FaithfulCodec",
     "MissingExtraError",
+    "ParkRefusedError",
+    "PlatformRetention",
     "ProviderFacts",
+    "RunGroup",
+    "RunOutcome",
     "Settings",
     "StaleStateError",
     "StorageError",
     "StorageForbiddenError",
+    "SweepResult",
+    "ThreadRetention",
     "ThreadRetentionError",
     "ThreadkeepError",
     "ThreadkeepSaver",
+    "arun_agent",
+    "ask",
+    "declare_retention",
     "facts_of",
     "open_checkpointer",
     "operator_scope",
+    "register_live_thread_filter",
+    "run_agent",
+    "sweep_checkpoints",
     "user_scope",
 ]

@@ -1,7 +1,7 @@
 """``threadkeep``: the command line. A thin adapter: every command calls a library function.
 
 Exit codes: 0 success; 1 a threadkeep error (the message says what to do); 2 bad usage;
-3 the store needs a reset before this version can use it.
+3 the store needs a reset before this version can use it; 4 no such thread.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from threadkeep.errors import CheckpointStoreFormatError, ThreadkeepError
 
 EXIT_ERROR = 1
 EXIT_NEEDS_RESET = 3
+EXIT_NOT_FOUND = 4
 
 
 class _Group(click.Group):
@@ -101,6 +102,88 @@ def store_reset(yes: bool, as_json: bool) -> None:
             abort=True,
         )
     _print_status(reset_store(settings), as_json)
+
+
+@main.group()
+def checkpoints() -> None:
+    """Retention of the configured store's checkpoint threads."""
+
+
+@checkpoints.command("sweep")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON for scripts.")
+@click.option("--dry-run", is_flag=True, help="List what would be deleted; delete nothing.")
+def checkpoints_sweep(as_json: bool, dry_run: bool) -> None:
+    """Delete the threads past their retention that nothing claims as live."""
+    from threadkeep.sweep import PAGE_SIZE, SweepResult, sweep_checkpoints
+
+    bar: Any = None
+
+    def progress(result: SweepResult, total: int) -> None:
+        # A bar on stderr (so --json stays clean) once a sweep spans more than one page.
+        nonlocal bar
+        done = result.swept_count + len(result.spared)
+        if bar is None and total > PAGE_SIZE:
+            bar = click.progressbar(length=total, label="sweeping", file=sys.stderr).__enter__()
+        if bar is not None:
+            bar.update(done - bar.pos)
+
+    result = sweep_checkpoints(dry_run=dry_run, progress=progress)
+    if bar is not None:
+        bar.__exit__(None, None, None)
+    if as_json:
+        click.echo(json.dumps(result.to_dict(), indent=2))
+        return
+    verb = "would delete" if dry_run else "deleted"
+    click.echo(
+        f"checkpoint sweep of the {result.provider} store{' (dry run: nothing deleted)' if dry_run else ''}"
+    )
+    click.echo(f"  retention: waiting {result.waiting_minutes} min, finished {result.finished_minutes} min")
+    click.echo(
+        f"  {verb} {result.swept_count} thread(s): {result.finished_swept} finished, "
+        f"{result.waiting_swept} waiting"
+    )
+    for row in result.doomed:
+        click.echo(f"    {row['thread_id']}  ({row['horizon']})")
+    click.echo(f"  spared {len(result.spared)} thread(s) still in use")
+    for spared in result.spared:
+        click.echo(f"    {spared.thread_id}  ({spared.horizon} horizon, claimed by {spared.owner})")
+    for note in result.skipped:
+        click.echo(f"  skipped: {note}")
+
+
+@main.group()
+def conversations() -> None:
+    """Conversations: threads no owner marks finished."""
+
+
+@conversations.command("delete-thread")
+@click.argument("thread_id")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
+def conversations_delete_thread(thread_id: str, as_json: bool) -> None:
+    """Delete THREAD_ID and everything it holds, whoever owns it (exit 4 if there is none)."""
+    from threadkeep.core.identity import operator_scope
+    from threadkeep.providers import open_checkpointer
+
+    with open_checkpointer() as saver, operator_scope():
+        found = bool(saver.threads_named([thread_id]))
+        if found:
+            saver.delete_threads(saver.threads_named([thread_id]))
+    if as_json:
+        click.echo(json.dumps({"thread_id": thread_id, "deleted": found}))
+    else:
+        click.echo(f"deleted thread {thread_id!r}" if found else f"no thread {thread_id!r} in the store")
+    if not found:
+        sys.exit(EXIT_NOT_FOUND)
+
+
+@main.command()
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", default=8420, show_default=True, type=click.IntRange(1, 65535))
+def serve(host: str, port: int) -> None:
+    """Serve /healthz, /metrics and the admin API (see threadkeep.server)."""
+    from threadkeep.server import serve as run_server
+
+    run_server(host, port)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -11,6 +11,7 @@ always with ``raise ... from exc`` so the original stays on ``__cause__``::
     ├── CheckpointSerializationError     CODEC_001       invalid      (value refused or unreadable)
     ├── CheckpointStoreFormatError       STORE_FORMAT_001 unavailable (store needs a reset)
     ├── ThreadRetentionError             RETENTION_001   invalid
+    ├── ParkRefusedError                 PARK_001        invalid      (ask() cannot park here)
     └── StorageError                     STORAGE_000     unavailable
         ├── StaleStateError              STORAGE_CONFLICT_001  conflict
         ├── StorageForbiddenError        STORAGE_FORBIDDEN_001 forbidden
@@ -33,6 +34,7 @@ __all__ = [
     "ConfigurationError",
     "ErrorKind",
     "MissingExtraError",
+    "ParkRefusedError",
     "StaleStateError",
     "StorageError",
     "StorageForbiddenError",
@@ -123,6 +125,14 @@ class ThreadRetentionError(ThreadkeepError):
     """A declared retention is longer than the platform allows, or contradicts itself."""
 
     default_code = "RETENTION_001"
+    kind: ClassVar[ErrorKind] = "invalid"
+
+
+class ParkRefusedError(ThreadkeepError):
+    """``ask()`` refused to park a run: no deadline, a deadline past the thread's waiting
+    horizon, or a store that cannot hold a parked run. Nothing was parked."""
+
+    default_code = "PARK_001"
     kind: ClassVar[ErrorKind] = "invalid"
 
 

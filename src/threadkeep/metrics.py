@@ -11,6 +11,9 @@ Counters:
   ``error`` (Redis failed; the read went to Postgres or the write was dropped), ``skipped``
   (a write older than the cached state, refused by the compare-and-set) and ``cleared`` (an
   entry removed after a conflict or a delete).
+- ``threadkeep_checkpoint_sweep_spared_total{horizon,owner}``: threads the sweep found past a
+  horizon but kept because a live-thread filter (``owner``) claimed them (SPEC SW4).
+- ``threadkeep_checkpoint_sweep_deleted_total{horizon}``: threads the sweep deleted.
 """
 
 from __future__ import annotations
@@ -19,12 +22,16 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Final
 
-__all__ = ["CACHE_EVENTS", "METRICS", "Metrics"]
+__all__ = ["CACHE_EVENTS", "METRICS", "SWEEP_DELETED", "SWEEP_SPARED", "Metrics"]
 
 CACHE_EVENTS: Final = "threadkeep_cache_events_total"
+SWEEP_SPARED: Final = "threadkeep_checkpoint_sweep_spared_total"
+SWEEP_DELETED: Final = "threadkeep_checkpoint_sweep_deleted_total"
 
 _HELP: Final[Mapping[str, str]] = {
     CACHE_EVENTS: "Events of the tiered provider's Redis hot tier, by kind.",
+    SWEEP_SPARED: "Threads past a retention horizon that a live-thread filter kept, by horizon and filter.",
+    SWEEP_DELETED: "Threads the checkpoint sweep deleted, by horizon.",
 }
 
 Labels = tuple[tuple[str, str], ...]

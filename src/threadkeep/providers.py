@@ -14,6 +14,7 @@ from typing import Any
 from langgraph.checkpoint.serde.base import SerializerProtocol
 
 from threadkeep.codec.serde import build_serde
+from threadkeep.core.retention import PlatformRetention
 from threadkeep.errors import ConfigurationError
 from threadkeep.saver import Backend, ProviderFacts, ThreadkeepSaver
 from threadkeep.settings import PROVIDERS, Settings
@@ -173,6 +174,9 @@ def saver_kwargs(settings: Settings, options: SaverOptions) -> dict[str, Any]:
             else options.state_history_limit
         ),
         "clock": options.clock,
+        "retention": PlatformRetention(
+            settings.retention_waiting_minutes, settings.retention_finished_minutes
+        ),
     }
 
 

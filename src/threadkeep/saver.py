@@ -8,6 +8,7 @@ pair differ only in how the program is run.
 
 from __future__ import annotations
 
+import builtins
 import copy
 import random
 import time
@@ -39,6 +40,7 @@ from threadkeep.core.records import (
     prepare_writes,
     target_of,
 )
+from threadkeep.core.retention import ExpiredThread, PlatformRetention, SweepPage, ThreadRetention
 
 __all__ = ["Backend", "ProviderFacts", "ThreadkeepSaver"]
 
@@ -91,6 +93,34 @@ class Backend(Protocol):
 
     def stats(self, thread_id: str | None = None) -> dict[str, Any]: ...
 
+    # retention (SPEC RT1-RT5, SW1-SW8); ``spared`` and ``after`` are the sweep's cursor: a
+    # store pages by key after ``after`` or, if it has no keys, skips the ``spared`` threads.
+    def start_thread(
+        self, thread_id: str, actor: Actor, declared: ThreadRetention, now: float
+    ) -> Program[None]: ...
+
+    def mark_finished(
+        self, thread_ids: Sequence[str], actor: Actor, finished_minutes: int, now: float
+    ) -> Program[dict[str, float]]: ...
+
+    def thread_retention(self, thread_id: str) -> Program[tuple[ThreadRetention, float | None] | None]: ...
+
+    def expired_page(self, page: SweepPage) -> Program[list[ExpiredThread]]: ...
+
+    def count_expired(self, page: SweepPage) -> Program[int]: ...
+
+    def delete_threads(self, threads: Sequence[ExpiredThread]) -> Program[None]: ...
+
+    def threads_named(self, thread_ids: Sequence[str]) -> Program[list[ExpiredThread]]: ...
+
+    def record_park(self, thread_id: str, park_id: str, deadline: float) -> Program[bool]: ...
+
+    def clear_park(self, thread_id: str, park_id: str) -> Program[None]: ...
+
+    def live_parks(self, thread_ids: Sequence[str], now: float) -> Program[set[str]]: ...
+
+    def interrupted(self, thread_ids: Sequence[str]) -> Program[set[str]]: ...
+
     def location(self) -> str: ...
 
     def check(self) -> None: ...
@@ -111,6 +141,7 @@ class ThreadkeepSaver(BaseCheckpointSaver[str]):
         enforce_user_isolation: A thread belongs to the user who first wrote it (SPEC W3).
         state_history_limit: Keep only the newest N checkpoints per (thread, namespace).
         clock: Wall-clock seconds; tests pass a controllable one.
+        retention: The platform's two horizons (SPEC RT1).
     """
 
     def __init__(
@@ -122,8 +153,10 @@ class ThreadkeepSaver(BaseCheckpointSaver[str]):
         enforce_user_isolation: bool = True,
         state_history_limit: int | None = None,
         clock: Callable[[], float] = time.time,
+        retention: PlatformRetention | None = None,
     ) -> None:
         super().__init__(serde=serde or build_serde())
+        self.retention = retention or PlatformRetention()
         self.backend = backend
         self.facts = facts
         self.enforce_user_isolation = enforce_user_isolation
@@ -328,6 +361,78 @@ class ThreadkeepSaver(BaseCheckpointSaver[str]):
     async def aprune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
         """Async :meth:`prune`."""
         await self._arun(self._prune(thread_ids, strategy), write=True)
+
+    # retention (SPEC RT2-RT5): the owners' and parks' calls -----------------------------------
+
+    def _start(self, thread_ids: Sequence[str], declared: ThreadRetention | None) -> ProgramFactory[None]:
+        actor, now, ids = self._actor(), self.clock(), [str(t) for t in thread_ids]
+        declared = declared or ThreadRetention()
+
+        def program() -> Program[None]:
+            for thread_id in ids:
+                yield from self.backend.start_thread(thread_id, actor, declared, now)
+
+        return program
+
+    def start_threads(self, thread_ids: Sequence[str], *, retention: ThreadRetention | None = None) -> None:
+        """A run starts on ``thread_ids``: take them out of the finished set and record their
+        declared retention (``None``: the platform's; a later start replaces it). Build a
+        declared one with :func:`threadkeep.declare_retention`."""
+        self._run(self._start(thread_ids, retention), write=True)
+
+    async def astart_threads(
+        self, thread_ids: Sequence[str], *, retention: ThreadRetention | None = None
+    ) -> None:
+        """Async :meth:`start_threads`."""
+        await self._arun(self._start(thread_ids, retention), write=True)
+
+    def _mark(self, thread_ids: Sequence[str]) -> ProgramFactory[dict[str, float]]:
+        actor, now, ids = self._actor(), self.clock(), [str(t) for t in thread_ids]
+        finished = self.retention.finished_minutes
+        return lambda: self.backend.mark_finished(ids, actor, finished, now)
+
+    def mark_finished(self, thread_ids: Sequence[str]) -> dict[str, float]:
+        """Mark threads finished: each is due the finished retention in force now (its
+        declared one, else the platform's capped at its waiting). Returns the due times
+        (epoch seconds) of the threads marked; a thread the store does not hold is not."""
+        return self._run(self._mark(thread_ids), write=True)
+
+    async def amark_finished(self, thread_ids: Sequence[str]) -> dict[str, float]:
+        """Async :meth:`mark_finished`."""
+        return await self._arun(self._mark(thread_ids), write=True)
+
+    def thread_retention(self, thread_id: str) -> tuple[ThreadRetention, float | None] | None:
+        """A thread's declared retention and finished due time (``None``: waiting), or
+        ``None`` if the store does not hold the thread."""
+        return self._run(lambda: self.backend.thread_retention(str(thread_id)))
+
+    def record_park(self, thread_id: str, park_id: str, deadline: float) -> bool:
+        """Record a live park until ``deadline`` (epoch seconds); see :func:`threadkeep.ask`."""
+        return self._run(lambda: self.backend.record_park(str(thread_id), park_id, deadline), write=True)
+
+    def clear_park(self, thread_id: str, park_id: str) -> None:
+        """Remove a park once its question is answered."""
+        self._run(lambda: self.backend.clear_park(str(thread_id), park_id), write=True)
+
+    # the sweep's view of the store (operator calls: see threadkeep.sweep) ---------------------
+
+    def expired_page(self, page: SweepPage) -> builtins.list[ExpiredThread]:
+        return self._run(lambda: self.backend.expired_page(page))
+
+    def count_expired(self, page: SweepPage) -> int:
+        return self._run(lambda: self.backend.count_expired(page))
+
+    def delete_threads(self, threads: Sequence[ExpiredThread]) -> None:
+        self._run(lambda: self.backend.delete_threads(threads), write=True)
+
+    def threads_named(self, thread_ids: Sequence[str]) -> builtins.list[ExpiredThread]:
+        return self._run(lambda: self.backend.threads_named(thread_ids))
+
+    def live_parks(self, thread_ids: Sequence[str], now: float) -> set[str]:
+        return self._run(lambda: self.backend.live_parks(thread_ids, now))
+
+    def interrupted(self, thread_ids: Sequence[str]) -> set[str]:
+        return self._run(lambda: self.backend.interrupted(thread_ids))
 
     def get_next_version(self, current: str | None, channel: None) -> str:
         """Versions that sort as they grow and never collide across branches."""

@@ -51,6 +51,7 @@ VARIABLES: Mapping[str, tuple[str, str | None]] = {
     f"{PREFIX}_POOL_MAX_SIZE": ("pool_max_size", "10"),
     f"{PREFIX}_POOL_TIMEOUT_SECONDS": ("pool_timeout_seconds", "30"),
     f"{PREFIX}_CONNECT_TIMEOUT_SECONDS": ("connect_timeout_seconds", "10"),
+    f"{PREFIX}_API_KEYS": ("api_keys", None),
     "DATABASE_URL": ("database_url", None),
     "REDIS_URL": ("redis_url", None),
 }
@@ -83,13 +84,14 @@ class Settings:
     pool_max_size: int = 10
     pool_timeout_seconds: int = 30
     connect_timeout_seconds: int = 10
+    api_keys: str | None = field(default=None, repr=False)
     database_url: str | None = field(default=None, repr=False)
     redis_url: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         _check_type("enforce_user_isolation", self.enforce_user_isolation, bool)
         _check_type("retry_backoff_seconds", self.retry_backoff_seconds, (int, float))
-        for name in ("conn_string", "cache_url", "database_url", "redis_url"):
+        for name in ("conn_string", "cache_url", "api_keys", "database_url", "redis_url"):
             if getattr(self, name) is not None:
                 _check_type(name, getattr(self, name), str)
         _check_choice("provider", self.provider, PROVIDERS)
@@ -153,6 +155,29 @@ class Settings:
         """Return a copy with ``changes`` applied and validated like :meth:`from_env`."""
         return replace(self, **changes)  # type: ignore[arg-type]
 
+    def updated(self, variables: Mapping[str, str | None]) -> Settings:
+        """A settings write: these settings with ``variables`` (spelled as environment
+        variables; ``None`` restores a default) applied, validated like :meth:`from_env`.
+
+        Raises:
+            ConfigurationError: a removed or unknown variable, or a value refused; the
+                message names the variable.
+        """
+        refuse_removed(variables)
+        unknown = sorted(set(variables) - set(VARIABLES))
+        if unknown:
+            raise ConfigurationError(
+                f"unknown setting(s) {', '.join(unknown)}; the settings are listed in docs/settings.md",
+                context={"variables": unknown},
+            )
+        env = {name: value for name, value in self.as_env().items() if value is not None}
+        for variable, value in variables.items():
+            if value is None:
+                env.pop(variable, None)
+            else:
+                env[variable] = value
+        return Settings.from_env(env)
+
     def sqlite_path(self) -> str:
         """The SQLite file path this deployment uses."""
         return self.conn_string or DEFAULT_SQLITE_PATH
@@ -177,7 +202,7 @@ class Settings:
         return out
 
 
-def refuse_removed(environ: Mapping[str, str]) -> None:
+def refuse_removed(environ: Mapping[str, object]) -> None:
     """Refuse any removed variable present in ``environ``, naming it and its replacement."""
     for variable, instead in REMOVED_VARIABLES.items():
         if variable in environ:

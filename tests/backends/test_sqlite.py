@@ -13,9 +13,11 @@ from typing import Any
 import pytest
 
 from threadkeep import CheckpointStoreFormatError, Settings, StorageError, open_checkpointer
+from threadkeep.backends.sql.backend import load_migrations
 from threadkeep.backends.sql.programs import FORMAT_GENERATION
 from threadkeep.workload import TOOL_ROUND_TRIPS, build_agent, run_turns
 
+MIGRATIONS = load_migrations("threadkeep.backends.sqlite")
 MESSAGES_PER_TURN = 2 + 2 * TOOL_ROUND_TRIPS
 
 
@@ -162,7 +164,7 @@ def test_p6_concurrent_first_uses_converge_on_one_record(tmp_path: Path) -> None
     assert conn.execute("SELECT value FROM tk_meta WHERE key = 'format_generation'").fetchall() == [
         (str(FORMAT_GENERATION),)
     ]
-    assert conn.execute("SELECT count(*) FROM tk_migrations").fetchone()[0] == 1
+    assert conn.execute("SELECT count(*) FROM tk_migrations").fetchone()[0] == len(MIGRATIONS)
 
 
 def test_p6_reopening_applies_no_migration_twice(tmp_path: Path) -> None:
@@ -170,7 +172,7 @@ def test_p6_reopening_applies_no_migration_twice(tmp_path: Path) -> None:
     open_at(path).close()
     open_at(path).close()
     conn = sqlite3.connect(path)
-    assert conn.execute("SELECT version FROM tk_migrations").fetchall() == [(1,)]
+    assert conn.execute("SELECT version FROM tk_migrations").fetchall() == [(m.version,) for m in MIGRATIONS]
 
 
 def test_c7_msgpack_codec_on_sqlite(tmp_path: Path) -> None:

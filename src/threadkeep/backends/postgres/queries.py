@@ -284,6 +284,7 @@ DELETE_THREAD: tuple[str, ...] = (
     "DELETE FROM tk_writes WHERE tid = %(tid)s",
     "DELETE FROM tk_messages WHERE tid = %(tid)s",
     "DELETE FROM tk_message_links WHERE tid = %(tid)s",
+    "DELETE FROM tk_parks WHERE tid = %(tid)s",
     "DELETE FROM tk_threads WHERE tid = %(tid)s",
 )
 
@@ -362,6 +363,7 @@ SELECT_MIGRATIONS = "SELECT version FROM tk_migrations ORDER BY version"
 RECORD_MIGRATION = "INSERT INTO tk_migrations (version, applied_at) VALUES (%(version)s, %(now)s)"
 
 RESET: tuple[str, ...] = (
+    "DROP TABLE IF EXISTS tk_parks",
     "DROP TABLE IF EXISTS tk_message_links",
     "DROP TABLE IF EXISTS tk_messages",
     "DROP TABLE IF EXISTS tk_writes",
@@ -407,3 +409,111 @@ def text_list(items: list[str]) -> object:
 def metadata_filter(wanted: object) -> object:
     """The ``%(filter)s`` parameter: the wanted metadata, encoded as stored, for ``@>``."""
     return orjson.dumps(STRUCTURE.to_json(wanted)).decode()
+
+
+# --- retention (SPEC RT1-RT5, SW1-SW8) ---------------------------------------------------------
+
+_IDS = "(SELECT jsonb_array_elements_text(%(thread_ids)s::jsonb))"
+_TIDS = "(SELECT jsonb_array_elements_text(%(tids)s::jsonb)::bigint)"
+
+# A run starts on a thread: it leaves the finished set and its declared retention is
+# recorded (NULL: the platform's). The thread is created for its owner if it is new.
+START_THREAD = """
+INSERT INTO tk_threads (thread_id, owner, created_at, waiting_minutes, finished_minutes)
+VALUES (%(thread_id)s, %(owner)s, %(now)s, %(waiting)s, %(finished)s)
+ON CONFLICT (thread_id) DO UPDATE SET
+    finished_due = NULL, waiting_minutes = EXCLUDED.waiting_minutes,
+    finished_minutes = EXCLUDED.finished_minutes
+WHERE %(required_owner)s::text IS NULL OR tk_threads.owner = %(required_owner)s::text
+RETURNING owner
+"""
+
+# The finished retention in force at the mark: the thread's declared one, else the
+# platform's capped at the thread's declared waiting.
+MARK_FINISHED = (
+    """
+UPDATE tk_threads SET finished_due = %(now)s + 60 * COALESCE(
+    finished_minutes, LEAST(%(finished)s, COALESCE(waiting_minutes, %(finished)s)))
+WHERE thread_id IN """
+    + _IDS
+    + """
+  AND (%(required_owner)s::text IS NULL OR owner = %(required_owner)s::text)
+RETURNING thread_id, finished_due
+"""
+)
+
+THREAD_RETENTION = """
+SELECT waiting_minutes, finished_minutes, finished_due FROM tk_threads WHERE thread_id = %(thread_id)s
+"""
+
+# Pages of threads past a horizon, in tid order from %(after)s (keyset paging: each page is
+# one short index range, whatever the store's size).
+_FINISHED = "t.finished_due <= %(now)s"
+_WAITING = """t.finished_due IS NULL
+  AND COALESCE((SELECT max(c.created_at) FROM tk_checkpoints AS c WHERE c.tid = t.tid), t.created_at)
+      < %(now)s - 60 * COALESCE(t.waiting_minutes, %(waiting)s)"""
+_PAGE = """
+SELECT t.tid, t.thread_id, t.owner FROM tk_threads AS t
+WHERE t.tid > %(after)s AND {past}
+ORDER BY t.tid LIMIT %(limit)s
+"""
+FINISHED_PAGE = _PAGE.format(past=_FINISHED)
+WAITING_PAGE = _PAGE.format(past=_WAITING)
+# How many threads a sweep will find (for its progress bar).
+FINISHED_COUNT = f"SELECT count(*) FROM tk_threads AS t WHERE {_FINISHED}"
+WAITING_COUNT = f"SELECT count(*) FROM tk_threads AS t WHERE {_WAITING}"
+
+# Everything the threads hold, in one statement per table.
+DELETE_THREADS: tuple[str, ...] = tuple(
+    f"DELETE FROM {table} WHERE tid IN {_TIDS}"
+    for table in (
+        "tk_checkpoints",
+        "tk_blobs",
+        "tk_writes",
+        "tk_messages",
+        "tk_message_links",
+        "tk_parks",
+        "tk_threads",
+    )
+)
+
+# Which of the threads exist (again: a writer may recreate a thread under deletion).
+THREADS_NAMED = "SELECT tid, thread_id, owner FROM tk_threads WHERE thread_id IN " + _IDS
+
+RECORD_PARK = """
+INSERT INTO tk_parks (tid, park_id, deadline)
+SELECT tid, %(park_id)s, %(deadline)s FROM tk_threads WHERE thread_id = %(thread_id)s
+ON CONFLICT (tid, park_id) DO UPDATE SET deadline = EXCLUDED.deadline
+RETURNING tid
+"""
+
+CLEAR_PARK = """
+DELETE FROM tk_parks
+WHERE park_id = %(park_id)s AND tid = (SELECT tid FROM tk_threads WHERE thread_id = %(thread_id)s)
+"""
+
+LIVE_PARKS = (
+    """
+SELECT DISTINCT t.thread_id FROM tk_parks AS p JOIN tk_threads AS t ON t.tid = p.tid
+WHERE t.thread_id IN """
+    + _IDS
+    + """ AND p.deadline > %(now)s
+"""
+)
+
+# LangGraph's rule: a thread waits on an interrupt while its newest root checkpoint holds an
+# interrupt write.
+INTERRUPTED = (
+    """
+SELECT t.thread_id FROM tk_threads AS t
+WHERE t.thread_id IN """
+    + _IDS
+    + """
+  AND EXISTS (
+    SELECT 1 FROM tk_writes AS w
+    WHERE w.tid = t.tid AND w.checkpoint_ns = '' AND w.channel = '__interrupt__'
+      AND w.checkpoint_id = (SELECT c.checkpoint_id FROM tk_checkpoints AS c
+                             WHERE c.tid = t.tid AND c.checkpoint_ns = ''
+                             ORDER BY c.checkpoint_id DESC LIMIT 1))
+"""
+)

@@ -18,6 +18,7 @@ from threadkeep.core.identity import Actor
 from threadkeep.core.messages import ContentCache
 from threadkeep.core.program import Program
 from threadkeep.core.records import ListQuery, PutStep, Target, WritesStep
+from threadkeep.core.retention import ExpiredThread, SweepPage, ThreadRetention
 from threadkeep.core.retry import RetryPolicy
 from threadkeep.errors import ConfigurationError, MissingExtraError
 from threadkeep.providers import FACTS, SaverOptions, register_provider, saver_kwargs
@@ -82,6 +83,49 @@ class RedisBackend:
 
     def prune(self, thread_ids: Iterable[str], strategy: str, owner: str | None) -> Program[None]:
         return self._programs.prune(self.space, thread_ids, strategy, owner)
+
+    # retention (SPEC RT1-RT5, SW1-SW8) ----------------------------------------------------------
+
+    def start_thread(
+        self, thread_id: str, actor: Actor, declared: ThreadRetention, now: float
+    ) -> Program[None]:
+        return self._programs.start_thread(
+            self.space, thread_id, actor, declared, ttl_ms=self.ttl_ms, now=now
+        )
+
+    def mark_finished(
+        self, thread_ids: Sequence[str], actor: Actor, finished_minutes: int, now: float
+    ) -> Program[dict[str, float]]:
+        return self._programs.mark_finished(self.space, thread_ids, actor, finished_minutes, now)
+
+    def thread_retention(self, thread_id: str) -> Program[tuple[ThreadRetention, float | None] | None]:
+        return self._programs.thread_retention(self.space, thread_id)
+
+    def expired_page(self, page: SweepPage) -> Program[list[ExpiredThread]]:
+        return self._programs.expired_page(self.space, page)
+
+    def count_expired(self, page: SweepPage) -> Program[int]:
+        return self._programs.count_expired(self.space, page)
+
+    def delete_threads(self, threads: Sequence[ExpiredThread]) -> Program[None]:
+        return self._programs.delete_threads(self.space, threads)
+
+    def threads_named(self, thread_ids: Sequence[str]) -> Program[list[ExpiredThread]]:
+        return self._programs.threads_named(self.space, thread_ids)
+
+    def record_park(self, thread_id: str, park_id: str, deadline: float) -> Program[bool]:
+        return self._programs.record_park(self.space, thread_id, park_id, deadline)
+
+    def clear_park(self, thread_id: str, park_id: str) -> Program[None]:
+        return self._programs.clear_park(self.space, thread_id, park_id)
+
+    def live_parks(self, thread_ids: Sequence[str], now: float) -> Program[set[str]]:
+        return self._programs.live_parks(self.space, thread_ids, now)
+
+    def interrupted(self, thread_ids: Sequence[str]) -> Program[set[str]]:
+        return self._programs.interrupted(self.space, thread_ids)
+
+    # the store ------------------------------------------------------------------------------------
 
     def stats(self, thread_id: str | None = None) -> dict[str, Any]:
         return self.engine.run(lambda: self._programs.stats(self.space, thread_id))

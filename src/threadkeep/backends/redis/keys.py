@@ -60,3 +60,8 @@ class KeySpace:
     def format_key(self) -> str:
         """The key that records the store's format generation (SPEC P6)."""
         return f"{self.prefix}:format"
+
+    @property
+    def finished_key(self) -> str:
+        """The finished set: a ZSET of thread ids scored by their due time (SPEC RT2)."""
+        return f"{self.prefix}:finished"

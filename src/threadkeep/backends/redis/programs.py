@@ -30,6 +30,7 @@ from threadkeep.core.records import (
     decode_structure,
     matches_filter,
 )
+from threadkeep.core.retention import ExpiredThread, SweepPage, ThreadRetention
 from threadkeep.core.rules import required_head, required_owner
 from threadkeep.errors import (
     CheckpointDeleteError,
@@ -41,22 +42,33 @@ from threadkeep.errors import (
 )
 
 __all__ = [
+    "clear_park",
     "copy_thread",
+    "count_expired",
     "delete_for_runs",
     "delete_thread",
+    "delete_threads",
     "ensure_format",
+    "expired_page",
     "get_tuple",
+    "interrupted",
     "list_page",
+    "live_parks",
+    "mark_finished",
     "prune",
     "put",
     "put_writes",
     "read_state",
     "record_format",
     "record_of",
+    "record_park",
     "reset",
+    "start_thread",
     "stats",
     "step_rows",
     "stored_prefix",
+    "thread_retention",
+    "threads_named",
 ]
 
 NUL = b"\0"
@@ -389,10 +401,13 @@ def delete_thread(space: KeySpace, thread_id: str, owner: str | None) -> Program
     for round_number in range(1, _MAX_DELETE_ROUNDS + 1):
         deleted = yield Script("delete", keys, [owner or ""])
         if round_number == 1 and not deleted:
+            if owner is None:  # an operator: a mark whose keys expired goes too
+                yield Command(("ZREM", space.finished_key, thread_id))
             return False
         checkpoints, writes = yield Script("count", keys, [])
         left = int(checkpoints) + int(writes)
         if left == 0:
+            yield Command(("ZREM", space.finished_key, thread_id))  # its finished mark (SW5)
             return True
         if before is not None and left >= before:
             raise CheckpointDeleteError(
@@ -508,3 +523,148 @@ def reset(space: KeySpace) -> Program[None]:
     """Delete every key of the store."""
     for key in (yield Scan(space.all_pattern)):
         yield Command(("DEL", key))
+
+
+# --- retention (SPEC RT1-RT5, SW2; the waiting horizon is the keys' TTL, R2) ---------------
+
+_PARK = b"park\0"
+
+
+def start_thread(
+    space: KeySpace, thread_id: str, actor: Actor, declared: ThreadRetention, *, ttl_ms: int, now: float
+) -> Program[None]:
+    """A run starts on ``thread_id``: out of the finished set; its declared waiting becomes
+    its keys' TTL."""
+    reply = yield Script(
+        "retain",
+        space.thread(thread_id),
+        [
+            thread_id,
+            actor.user_id,
+            now,
+            _required_owner(actor),
+            "" if declared.waiting_minutes is None else declared.waiting_minutes * 60_000,
+            "" if declared.finished_minutes is None else declared.finished_minutes,
+            ttl_ms,
+        ],
+    )
+    if reply[0] == b"forbidden":
+        raise StorageForbiddenError(thread_id, actor.user_id)
+    yield Command(("ZREM", space.finished_key, thread_id))
+
+
+def _retention_fields(space: KeySpace, thread_id: str) -> Program[tuple[str, ThreadRetention] | None]:
+    owner, waiting_ms, finished = yield Command(
+        ("HMGET", space.thread(thread_id)[0], "owner", "waiting_ms", "finished_m")
+    )
+    if owner is None:
+        return None
+    declared = ThreadRetention(
+        None if waiting_ms is None else int(waiting_ms) // 60_000, None if finished is None else int(finished)
+    )
+    return owner.decode(), declared
+
+
+def thread_retention(space: KeySpace, thread_id: str) -> Program[tuple[ThreadRetention, float | None] | None]:
+    found = yield from _retention_fields(space, thread_id)
+    if found is None:
+        return None
+    due = yield Command(("ZSCORE", space.finished_key, thread_id))
+    return found[1], (None if due is None else float(due))
+
+
+def mark_finished(
+    space: KeySpace, thread_ids: Sequence[str], actor: Actor, platform_finished: int, now: float
+) -> Program[dict[str, float]]:
+    """Add threads to the finished set, due the finished retention in force now: declared,
+    else the platform's capped at the declared waiting."""
+    marked: dict[str, float] = {}
+    wanted = required_owner(actor)
+    for thread_id in thread_ids:
+        found = yield from _retention_fields(space, thread_id)
+        if found is None or (wanted is not None and found[0] != wanted):
+            continue
+        declared = found[1]
+        minutes = declared.finished_minutes or min(
+            platform_finished, declared.waiting_minutes or platform_finished
+        )
+        marked[thread_id] = now + 60 * minutes
+        yield Command(("ZADD", space.finished_key, marked[thread_id], thread_id))
+    return marked
+
+
+def expired_page(space: KeySpace, page: SweepPage) -> Program[list[ExpiredThread]]:
+    """Finished threads past due, skipping the ``spared`` ones still in the set (the waiting
+    horizon is the keys' TTL: nothing to page)."""
+    if page.horizon == "waiting":
+        return []
+    ids = yield Command(
+        ("ZRANGEBYSCORE", space.finished_key, "-inf", page.now, "LIMIT", page.spared, page.limit)
+    )
+    found = []
+    for raw in ids:
+        thread_id = raw.decode()
+        owner = yield Command(("HGET", space.thread(thread_id)[0], "owner"))
+        found.append(ExpiredThread(0, thread_id, "" if owner is None else owner.decode()))
+    return found
+
+
+def count_expired(space: KeySpace, page: SweepPage) -> Program[int]:
+    if page.horizon == "waiting":
+        return 0
+    return int((yield Command(("ZCOUNT", space.finished_key, "-inf", page.now))))
+
+
+def delete_threads(space: KeySpace, threads: Sequence[ExpiredThread]) -> Program[None]:
+    for thread in threads:
+        yield from delete_thread(space, thread.thread_id, None)
+
+
+def threads_named(space: KeySpace, thread_ids: Sequence[str]) -> Program[list[ExpiredThread]]:
+    found = []
+    for thread_id in thread_ids:
+        owner = yield Command(("HGET", space.thread(thread_id)[0], "owner"))
+        if owner is not None:
+            found.append(ExpiredThread(0, thread_id, owner.decode()))
+    return found
+
+
+def record_park(space: KeySpace, thread_id: str, park_id: str, deadline: float) -> Program[bool]:
+    return bool((yield Script("park", space.thread(thread_id), ["set", park_id, deadline])))
+
+
+def clear_park(space: KeySpace, thread_id: str, park_id: str) -> Program[None]:
+    yield Script("park", space.thread(thread_id), ["clear", park_id, 0])
+
+
+def live_parks(space: KeySpace, thread_ids: Sequence[str], now: float) -> Program[set[str]]:
+    live = set()
+    for thread_id in thread_ids:
+        fields = yield Command(("HGETALL", space.thread(thread_id)[0]))
+        if any(key.startswith(_PARK) and float(value) > now for key, value in _pairs(fields)):
+            live.add(thread_id)
+    return live
+
+
+def _pairs(reply: Any) -> list[tuple[bytes, bytes]]:
+    if isinstance(reply, dict):
+        return list(reply.items())
+    return list(zip(reply[::2], reply[1::2], strict=True))
+
+
+def interrupted(space: KeySpace, thread_ids: Sequence[str]) -> Program[set[str]]:
+    """Which threads' newest root checkpoint holds an interrupt write (LangGraph's rule)."""
+    waiting = set()
+    for thread_id in thread_ids:
+        keys = space.thread(thread_id)
+        top = yield Command(("ZREVRANGEBYLEX", keys[2], b"(\1", b"[\0", "LIMIT", 0, 1))  # namespace ""
+        if not top:
+            continue
+        member = bytes(top[0])
+        fields = yield Command(("ZRANGEBYLEX", keys[6], b"[" + member + NUL, b"(" + member + b"\1"))
+        if not fields:
+            continue
+        values = yield Command(("HMGET", keys[5], *fields))
+        if any(value is not None and value.split(NUL, 2)[1] == b"__interrupt__" for value in values):
+            waiting.add(thread_id)
+    return waiting

@@ -19,6 +19,7 @@ from threadkeep.core.identity import Actor
 from threadkeep.core.messages import ContentCache
 from threadkeep.core.program import Engine, Program
 from threadkeep.core.records import ListQuery, PutStep, StoredCheckpoint, Target, WritesStep
+from threadkeep.core.retention import ExpiredThread, SweepPage, ThreadRetention
 
 __all__ = ["Migration", "SqlBackend", "load_migrations"]
 
@@ -125,6 +126,47 @@ class SqlBackend:
 
     def prune(self, thread_ids: Iterable[str], strategy: str, owner: str | None) -> Program[None]:
         return programs.prune(self.dialect, thread_ids, strategy, owner)
+
+    # retention (SPEC RT1-RT5, SW1-SW8) ----------------------------------------------------------
+
+    def start_thread(
+        self, thread_id: str, actor: Actor, declared: ThreadRetention, now: float
+    ) -> Program[None]:
+        return programs.start_thread(self.dialect, thread_id, actor, declared, now)
+
+    def mark_finished(
+        self, thread_ids: Sequence[str], actor: Actor, finished_minutes: int, now: float
+    ) -> Program[dict[str, float]]:
+        return programs.mark_finished(self.dialect, thread_ids, actor, finished_minutes, now)
+
+    def thread_retention(self, thread_id: str) -> Program[tuple[ThreadRetention, float | None] | None]:
+        return programs.thread_retention(self.dialect, thread_id)
+
+    def expired_page(self, page: SweepPage) -> Program[list[ExpiredThread]]:
+        return programs.expired_page(self.dialect, page)
+
+    def count_expired(self, page: SweepPage) -> Program[int]:
+        return programs.count_expired(self.dialect, page)
+
+    def delete_threads(self, threads: Sequence[ExpiredThread]) -> Program[None]:
+        return programs.delete_threads(self.dialect, threads)
+
+    def threads_named(self, thread_ids: Sequence[str]) -> Program[list[ExpiredThread]]:
+        return programs.threads_named(self.dialect, thread_ids)
+
+    def record_park(self, thread_id: str, park_id: str, deadline: float) -> Program[bool]:
+        return programs.record_park(self.dialect, thread_id, park_id, deadline)
+
+    def clear_park(self, thread_id: str, park_id: str) -> Program[None]:
+        return programs.clear_park(self.dialect, thread_id, park_id)
+
+    def live_parks(self, thread_ids: Sequence[str], now: float) -> Program[set[str]]:
+        return programs.live_parks(self.dialect, thread_ids, now)
+
+    def interrupted(self, thread_ids: Sequence[str]) -> Program[set[str]]:
+        return programs.interrupted(self.dialect, thread_ids)
+
+    # the store ------------------------------------------------------------------------------------
 
     def stats(self, thread_id: str | None = None) -> dict[str, Any]:
         """Counts of what the store (or one thread) holds, and its payload bytes."""

@@ -26,6 +26,7 @@ from threadkeep.core.records import (
     decode_structure,
     matches_filter,
 )
+from threadkeep.core.retention import ExpiredThread, SweepPage, ThreadRetention
 from threadkeep.core.rules import check_head, check_owner, required_owner
 from threadkeep.errors import CheckpointSerializationError, CheckpointStoreFormatError
 
@@ -33,18 +34,29 @@ __all__ = [
     "FORMAT_GENERATION",
     "SqlDialect",
     "apply_migration",
+    "clear_park",
     "copy_thread",
+    "count_expired",
     "delete_for_runs",
     "delete_thread",
+    "delete_threads",
     "ensure_format",
+    "expired_page",
     "get_tuple",
+    "interrupted",
     "list_page",
+    "live_parks",
+    "mark_finished",
     "prune",
     "put",
     "put_writes",
     "record_format",
+    "record_park",
     "reset",
+    "start_thread",
     "stats",
+    "thread_retention",
+    "threads_named",
 ]
 
 # The storage format this version reads and writes. A store recording another generation
@@ -92,6 +104,19 @@ class SqlDialect(Protocol):
     RECORD_MIGRATION: str
     RESET: tuple[str, ...]
     STATS: str
+    START_THREAD: str
+    MARK_FINISHED: str
+    THREAD_RETENTION: str
+    FINISHED_PAGE: str
+    WAITING_PAGE: str
+    FINISHED_COUNT: str
+    WAITING_COUNT: str
+    DELETE_THREADS: tuple[str, ...]
+    THREADS_NAMED: str
+    RECORD_PARK: str
+    CLEAR_PARK: str
+    LIVE_PARKS: str
+    INTERRUPTED: str
 
     def text_list(self, items: list[str]) -> object: ...
 
@@ -611,3 +636,101 @@ def stats(q: SqlDialect, thread_id: str | None = None) -> Program[dict[str, int]
             return dict.fromkeys(STAT_NAMES, 0)
     (row,) = yield Sql(q.STATS, {"tid": tid})
     return dict(zip(STAT_NAMES, map(int, row), strict=True))
+
+
+# --- retention (SPEC RT1-RT5, SW1-SW8) ------------------------------------------------------
+
+
+def start_thread(
+    q: SqlDialect, thread_id: str, actor: Actor, declared: ThreadRetention, now: float
+) -> Program[None]:
+    """A run starts on ``thread_id``: out of the finished set, its declared retention recorded
+    (creating the thread for ``actor`` if it is new)."""
+    params = {
+        "thread_id": thread_id,
+        "owner": actor.user_id,
+        "now": now,
+        "waiting": declared.waiting_minutes,
+        "finished": declared.finished_minutes,
+        "required_owner": required_owner(actor),
+    }
+    if not (yield Sql(q.START_THREAD, params)):
+        ((owner,),) = yield Sql(q.THREAD_OWNER, {"thread_id": thread_id})
+        check_owner(thread_id=thread_id, owner=owner, user_id=actor.user_id, enforce=True)
+
+
+def mark_finished(
+    q: SqlDialect, thread_ids: Sequence[str], actor: Actor, finished_minutes: int, now: float
+) -> Program[dict[str, float]]:
+    """Mark threads finished; returns each marked thread's due time."""
+    rows = yield Sql(
+        q.MARK_FINISHED,
+        {
+            "thread_ids": q.text_list(list(thread_ids)),
+            "required_owner": required_owner(actor),
+            "finished": finished_minutes,
+            "now": now,
+        },
+    )
+    return {thread_id: float(due) for thread_id, due in rows}
+
+
+def thread_retention(q: SqlDialect, thread_id: str) -> Program[tuple[ThreadRetention, float | None] | None]:
+    """A thread's declared retention and its finished due time (``None``: waiting)."""
+    rows = yield Sql(q.THREAD_RETENTION, {"thread_id": thread_id})
+    if not rows:
+        return None
+    ((waiting, finished, due),) = rows
+    return ThreadRetention(waiting, finished), (None if due is None else float(due))
+
+
+def expired_page(q: SqlDialect, page: SweepPage) -> Program[list[ExpiredThread]]:
+    """The next ``page.limit`` threads past the page's horizon, in key order after its key."""
+    statement = q.FINISHED_PAGE if page.horizon == "finished" else q.WAITING_PAGE
+    rows = yield Sql(
+        statement,
+        {"now": page.now, "waiting": page.waiting_minutes, "after": page.after, "limit": page.limit},
+    )
+    return [ExpiredThread(int(tid), thread_id, owner) for tid, thread_id, owner in rows]
+
+
+def count_expired(q: SqlDialect, page: SweepPage) -> Program[int]:
+    """How many threads are past the page's horizon."""
+    statement = q.FINISHED_COUNT if page.horizon == "finished" else q.WAITING_COUNT
+    ((count,),) = yield Sql(statement, {"now": page.now, "waiting": page.waiting_minutes})
+    return int(count)
+
+
+def delete_threads(q: SqlDialect, threads: Sequence[ExpiredThread]) -> Program[None]:
+    """Delete everything ``threads`` hold, in one transaction."""
+    tids = q.text_list([str(thread.key) for thread in threads])
+    yield Batch(tuple(Sql(statement, {"tids": tids}) for statement in q.DELETE_THREADS), wanted=False)
+
+
+def threads_named(q: SqlDialect, thread_ids: Sequence[str]) -> Program[list[ExpiredThread]]:
+    """Which of ``thread_ids`` the store holds."""
+    rows = yield Sql(q.THREADS_NAMED, {"thread_ids": q.text_list(list(thread_ids))})
+    return [ExpiredThread(int(tid), thread_id, owner) for tid, thread_id, owner in rows]
+
+
+def record_park(q: SqlDialect, thread_id: str, park_id: str, deadline: float) -> Program[bool]:
+    """Record a live park; ``False`` if the thread does not exist."""
+    rows = yield Sql(q.RECORD_PARK, {"thread_id": thread_id, "park_id": park_id, "deadline": deadline})
+    return bool(rows)
+
+
+def clear_park(q: SqlDialect, thread_id: str, park_id: str) -> Program[None]:
+    yield Sql(q.CLEAR_PARK, {"thread_id": thread_id, "park_id": park_id})
+
+
+def live_parks(q: SqlDialect, thread_ids: Sequence[str], now: float) -> Program[set[str]]:
+    """Which of ``thread_ids`` have a park whose deadline has not passed."""
+    rows = yield Sql(q.LIVE_PARKS, {"thread_ids": q.text_list(list(thread_ids)), "now": now})
+    return {row[0] for row in rows}
+
+
+def interrupted(q: SqlDialect, thread_ids: Sequence[str]) -> Program[set[str]]:
+    """Which of ``thread_ids`` wait on an interrupt (LangGraph's rule: the newest root
+    checkpoint holds an interrupt write)."""
+    rows = yield Sql(q.INTERRUPTED, {"thread_ids": q.text_list(list(thread_ids))})
+    return {row[0] for row in rows}

@@ -222,6 +222,7 @@ DELETE_THREAD: tuple[str, ...] = (
     "DELETE FROM tk_writes WHERE tid = :tid",
     "DELETE FROM tk_messages WHERE tid = :tid",
     "DELETE FROM tk_message_links WHERE tid = :tid",
+    "DELETE FROM tk_parks WHERE tid = :tid",
     "DELETE FROM tk_threads WHERE tid = :tid",
 )
 
@@ -302,6 +303,7 @@ SELECT_MIGRATIONS = "SELECT version FROM tk_migrations ORDER BY version"
 RECORD_MIGRATION = "INSERT INTO tk_migrations (version, applied_at) VALUES (:version, :now)"
 
 RESET: tuple[str, ...] = (
+    "DROP TABLE IF EXISTS tk_parks",
     "DROP TABLE IF EXISTS tk_message_links",
     "DROP TABLE IF EXISTS tk_messages",
     "DROP TABLE IF EXISTS tk_writes",
@@ -355,3 +357,100 @@ def text_list(items: list[str]) -> object:
 def metadata_filter(wanted: object) -> object:
     """SQLite lists filter metadata in the program only; no parameter is needed."""
     return None
+
+
+# --- retention (SPEC RT1-RT5, SW1-SW8); see the Postgres dialect for what each does ---------
+
+_IDS = "(SELECT value FROM json_each(:thread_ids))"
+_TIDS = "(SELECT value FROM json_each(:tids))"
+
+START_THREAD = """
+INSERT INTO tk_threads (thread_id, owner, created_at, waiting_minutes, finished_minutes)
+VALUES (:thread_id, :owner, :now, :waiting, :finished)
+ON CONFLICT (thread_id) DO UPDATE SET
+    finished_due = NULL, waiting_minutes = excluded.waiting_minutes,
+    finished_minutes = excluded.finished_minutes
+WHERE :required_owner IS NULL OR tk_threads.owner = :required_owner
+RETURNING owner
+"""
+
+MARK_FINISHED = (
+    """
+UPDATE tk_threads SET finished_due = :now + 60 * COALESCE(
+    finished_minutes, min(:finished, COALESCE(waiting_minutes, :finished)))
+WHERE thread_id IN """
+    + _IDS
+    + """
+  AND (:required_owner IS NULL OR owner = :required_owner)
+RETURNING thread_id, finished_due
+"""
+)
+
+THREAD_RETENTION = """
+SELECT waiting_minutes, finished_minutes, finished_due FROM tk_threads WHERE thread_id = :thread_id
+"""
+
+_FINISHED = "t.finished_due <= :now"
+_WAITING = """t.finished_due IS NULL
+  AND COALESCE((SELECT max(c.created_at) FROM tk_checkpoints AS c WHERE c.tid = t.tid), t.created_at)
+      < :now - 60 * COALESCE(t.waiting_minutes, :waiting)"""
+_PAGE = """
+SELECT t.tid, t.thread_id, t.owner FROM tk_threads AS t
+WHERE t.tid > :after AND {past}
+ORDER BY t.tid LIMIT :limit
+"""
+FINISHED_PAGE = _PAGE.format(past=_FINISHED)
+WAITING_PAGE = _PAGE.format(past=_WAITING)
+FINISHED_COUNT = f"SELECT count(*) FROM tk_threads AS t WHERE {_FINISHED}"
+WAITING_COUNT = f"SELECT count(*) FROM tk_threads AS t WHERE {_WAITING}"
+
+DELETE_THREADS: tuple[str, ...] = tuple(
+    f"DELETE FROM {table} WHERE tid IN {_TIDS}"
+    for table in (
+        "tk_checkpoints",
+        "tk_blobs",
+        "tk_writes",
+        "tk_messages",
+        "tk_message_links",
+        "tk_parks",
+        "tk_threads",
+    )
+)
+
+THREADS_NAMED = "SELECT tid, thread_id, owner FROM tk_threads WHERE thread_id IN " + _IDS
+
+RECORD_PARK = """
+INSERT INTO tk_parks (tid, park_id, deadline)
+SELECT tid, :park_id, :deadline FROM tk_threads WHERE thread_id = :thread_id
+ON CONFLICT (tid, park_id) DO UPDATE SET deadline = excluded.deadline
+RETURNING tid
+"""
+
+CLEAR_PARK = """
+DELETE FROM tk_parks
+WHERE park_id = :park_id AND tid = (SELECT tid FROM tk_threads WHERE thread_id = :thread_id)
+"""
+
+LIVE_PARKS = (
+    """
+SELECT DISTINCT t.thread_id FROM tk_parks AS p JOIN tk_threads AS t ON t.tid = p.tid
+WHERE t.thread_id IN """
+    + _IDS
+    + """ AND p.deadline > :now
+"""
+)
+
+INTERRUPTED = (
+    """
+SELECT t.thread_id FROM tk_threads AS t
+WHERE t.thread_id IN """
+    + _IDS
+    + """
+  AND EXISTS (
+    SELECT 1 FROM tk_writes AS w
+    WHERE w.tid = t.tid AND w.checkpoint_ns = '' AND w.channel = '__interrupt__'
+      AND w.checkpoint_id = (SELECT c.checkpoint_id FROM tk_checkpoints AS c
+                             WHERE c.tid = t.tid AND c.checkpoint_ns = ''
+                             ORDER BY c.checkpoint_id DESC LIMIT 1))
+"""
+)

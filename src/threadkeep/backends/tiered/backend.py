@@ -34,6 +34,7 @@ from threadkeep.core.identity import Actor
 from threadkeep.core.messages import ContentCache
 from threadkeep.core.program import Program
 from threadkeep.core.records import ListQuery, PutStep, Target, WritesStep
+from threadkeep.core.retention import ExpiredThread, SweepPage, ThreadRetention
 from threadkeep.errors import StaleStateError
 from threadkeep.metrics import CACHE_EVENTS, Metrics
 
@@ -179,6 +180,57 @@ class TieredBackend:
         yield Durable(lambda: self.durable.prune(ids, strategy, owner), write=True)
         for thread_id, user in zip(ids, users, strict=True):
             yield from self._forget(thread_id, user)
+
+    # retention: Postgres keeps it; a swept thread's entry leaves with it -----------------------
+
+    def start_thread(
+        self, thread_id: str, actor: Actor, declared: ThreadRetention, now: float
+    ) -> Program[None]:
+        yield Durable(lambda: self.durable.start_thread(thread_id, actor, declared, now), write=True)
+
+    def mark_finished(
+        self, thread_ids: Sequence[str], actor: Actor, finished_minutes: int, now: float
+    ) -> Program[dict[str, float]]:
+        marked = yield Durable(
+            lambda: self.durable.mark_finished(thread_ids, actor, finished_minutes, now), write=True
+        )
+        return marked  # type: ignore[no-any-return]
+
+    def thread_retention(self, thread_id: str) -> Program[tuple[ThreadRetention, float | None] | None]:
+        found = yield Durable(lambda: self.durable.thread_retention(thread_id))
+        return found  # type: ignore[no-any-return]
+
+    def expired_page(self, page: SweepPage) -> Program[list[ExpiredThread]]:
+        found = yield Durable(lambda: self.durable.expired_page(page))
+        return found  # type: ignore[no-any-return]
+
+    def count_expired(self, page: SweepPage) -> Program[int]:
+        count = yield Durable(lambda: self.durable.count_expired(page))
+        return int(count)
+
+    def delete_threads(self, threads: Sequence[ExpiredThread]) -> Program[None]:
+        yield Durable(lambda: self.durable.delete_threads(threads), write=True)
+        for thread in threads:
+            yield from self._forget(thread.thread_id, thread.owner if self.isolate else _SHARED)
+
+    def threads_named(self, thread_ids: Sequence[str]) -> Program[list[ExpiredThread]]:
+        found = yield Durable(lambda: self.durable.threads_named(thread_ids))
+        return found  # type: ignore[no-any-return]
+
+    def record_park(self, thread_id: str, park_id: str, deadline: float) -> Program[bool]:
+        recorded = yield Durable(lambda: self.durable.record_park(thread_id, park_id, deadline), write=True)
+        return bool(recorded)
+
+    def clear_park(self, thread_id: str, park_id: str) -> Program[None]:
+        yield Durable(lambda: self.durable.clear_park(thread_id, park_id), write=True)
+
+    def live_parks(self, thread_ids: Sequence[str], now: float) -> Program[set[str]]:
+        live = yield Durable(lambda: self.durable.live_parks(thread_ids, now))
+        return live  # type: ignore[no-any-return]
+
+    def interrupted(self, thread_ids: Sequence[str]) -> Program[set[str]]:
+        waiting = yield Durable(lambda: self.durable.interrupted(thread_ids))
+        return waiting  # type: ignore[no-any-return]
 
     # the store ---------------------------------------------------------------------------------
 

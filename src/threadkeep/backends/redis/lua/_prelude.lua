@@ -3,7 +3,8 @@
 --
 -- Every per-thread script takes the nine keys of one thread as KEYS, in this order (all
 -- share the thread's hash tag, so a script runs on one Redis Cluster slot):
---   KEYS[1] thread   HASH  id, owner, created
+--   KEYS[1] thread   HASH  id, owner, created, waiting_ms and finished_m (declared retention),
+--                          "park\0<park id>" -> deadline (live parks)
 --   KEYS[2] cps      HASH  "<ns>\0<checkpoint id>" -> checkpoint record (JSON)
 --   KEYS[3] heads    ZSET  "<ns>\0<checkpoint id>", score 0: newest per namespace by lex order
 --   KEYS[4] order    ZSET  "<checkpoint id>\0<ns>", score 0: newest across namespaces
@@ -35,6 +36,12 @@ end
 -- Every key a write stores carries the thread's waiting retention (SPEC R2); a read never
 -- calls this. Keys not created yet are skipped by PEXPIRE itself.
 local function touch(ttl_ms)
+    -- A thread's declared waiting retention (retain.lua), if shorter, is its keys' TTL.
+    local declared = tonumber(redis.call("HGET", KEYS[1], "waiting_ms"))
+    ttl_ms = tonumber(ttl_ms)
+    if declared and declared < ttl_ms then
+        ttl_ms = declared
+    end
     for i = 1, 9 do
         redis.call("PEXPIRE", KEYS[i], ttl_ms)
     end

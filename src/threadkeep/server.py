@@ -1,0 +1,206 @@
+"""``threadkeep serve``: the small HTTP service (SPEC SV1, SV4). A thin adapter over the library.
+
+Routes:
+
+- ``GET /healthz``: 200 ``{"status": "ok", ...}`` when the configured store answers, else 503.
+- ``GET /metrics``: every threadkeep counter in the Prometheus text format (no key needed).
+- ``POST /api/checkpoints/sweep``: run :func:`threadkeep.sweep.sweep_checkpoints` (admin key;
+  ``?dry_run=true`` deletes nothing); the body is the sweep's result (SPEC SW6).
+- ``PATCH /api/settings``: a settings write (admin key); the body maps variables to values
+  (``null`` restores a default). A removed or invalid variable is refused, naming it; an
+  accepted write reopens the store with the new settings.
+
+Requests to ``/api/*`` carry ``Authorization: Bearer <key>``, a key of
+``LLM_PROVIDER_CHECKPOINT_API_KEYS``: 401 without a known key, 403 for a non-admin key.
+threadkeep errors map to statuses once (:data:`STATUS`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Final
+
+from threadkeep.errors import ConfigurationError, ErrorKind, MissingExtraError, ThreadkeepError
+from threadkeep.metrics import METRICS, Metrics
+from threadkeep.providers import open_checkpointer
+from threadkeep.saver import ThreadkeepSaver
+from threadkeep.settings import Settings
+from threadkeep.sweep import sweep_checkpoints
+
+__all__ = ["STATUS", "ApiKey", "create_app", "parse_api_keys"]
+
+logger = logging.getLogger("threadkeep.server")
+
+STATUS: Final[dict[ErrorKind, int]] = {"conflict": 409, "forbidden": 403, "unavailable": 503, "invalid": 422}
+ROLES: Final = ("admin", "user")
+# Never echoed back: connection strings may hold passwords.
+_SECRETS: Final = frozenset(
+    {
+        "LLM_PROVIDER_CHECKPOINT_CONN_STRING",
+        "LLM_PROVIDER_CHECKPOINT_CACHE_URL",
+        "LLM_PROVIDER_CHECKPOINT_API_KEYS",
+        "DATABASE_URL",
+        "REDIS_URL",
+    }
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ApiKey:
+    user: str
+    role: str
+
+
+def parse_api_keys(spec: str | None) -> dict[str, ApiKey]:
+    """``key:user:role,...`` (``LLM_PROVIDER_CHECKPOINT_API_KEYS``) as a map from key.
+
+    Raises:
+        ConfigurationError: an entry that is not ``key:user:role`` with a known role (the
+            message shows the entry's position, never the key).
+    """
+    keys: dict[str, ApiKey] = {}
+    for position, entry in enumerate(filter(None, (part.strip() for part in (spec or "").split(","))), 1):
+        parts = entry.split(":")
+        if len(parts) != 3 or not all(parts) or parts[2] not in ROLES:
+            raise ConfigurationError(
+                f"LLM_PROVIDER_CHECKPOINT_API_KEYS entry {position} must be key:user:role with role "
+                f"{' or '.join(ROLES)}",
+                context={"variable": "LLM_PROVIDER_CHECKPOINT_API_KEYS", "entry": position},
+            )
+        keys[parts[0]] = ApiKey(parts[1], parts[2])
+    return keys
+
+
+class _Service:
+    """The app's state: the settings, the saver they open, and the keys."""
+
+    def __init__(self, settings: Settings, saver: ThreadkeepSaver | None, metrics: Metrics) -> None:
+        self.settings = settings
+        self.keys = parse_api_keys(settings.api_keys)
+        self.metrics = metrics
+        self._given = saver
+        self._saver = saver
+
+    @property
+    def saver(self) -> ThreadkeepSaver:
+        if self._saver is None:
+            self._saver = open_checkpointer(settings=self.settings)
+        return self._saver
+
+    def replace_settings(self, settings: Settings) -> None:
+        old, self._saver = self._saver, None
+        self.settings, self.keys = settings, parse_api_keys(settings.api_keys)
+        if old is not None and old is not self._given:
+            old.close()
+        self._given = None
+
+    def close(self) -> None:
+        if self._saver is not None and self._saver is not self._given:
+            self._saver.close()
+        self._saver = None
+
+
+def create_app(
+    settings: Settings | None = None, *, saver: ThreadkeepSaver | None = None, metrics: Metrics = METRICS
+) -> Any:
+    """The Starlette app of ``threadkeep serve``.
+
+    Args:
+        settings: Default: from the environment (a removed variable refuses to boot).
+        saver: Serve this store instead of opening the one the settings name (kept open).
+        metrics: The registry ``/metrics`` serves.
+    """
+    try:
+        from starlette.applications import Starlette
+        from starlette.concurrency import run_in_threadpool
+        from starlette.requests import Request
+        from starlette.responses import JSONResponse, PlainTextResponse, Response
+        from starlette.routing import Route
+    except ImportError as exc:  # pragma: no cover - exercised only without the extra
+        raise MissingExtraError("threadkeep serve needs starlette: pip install 'threadkeep[server]'") from exc
+
+    service = _Service(settings or Settings.from_env(), saver, metrics)
+
+    def admin(handler: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
+        async def guarded(request: Request) -> Response:
+            header = request.headers.get("authorization", "")
+            token = header[7:].strip() if header.lower().startswith("bearer ") else ""
+            key = service.keys.get(token) if token else None
+            if key is None:
+                return JSONResponse(
+                    {"error": "unauthorized", "message": "send Authorization: Bearer <an API key>"},
+                    status_code=401,
+                    headers={"WWW-Authenticate": "Bearer"},
+                )
+            if key.role != "admin":
+                return JSONResponse(
+                    {"error": "forbidden", "message": f"user {key.user!r} is not an admin; this route is"},
+                    status_code=403,
+                )
+            try:
+                return await handler(request)
+            except ThreadkeepError as error:
+                return JSONResponse(error.to_dict(), status_code=STATUS[error.kind])
+
+        return guarded
+
+    async def healthz(request: Request) -> Response:
+        try:
+            await run_in_threadpool(service.saver.backend.check)
+        except Exception as error:
+            logger.warning("health check failed: %s", error)
+            return JSONResponse({"status": "unavailable", "error": str(error)}, status_code=503)
+        return JSONResponse({"status": "ok", "provider": service.settings.provider})
+
+    async def metrics_route(request: Request) -> Response:
+        return PlainTextResponse(service.metrics.render(), media_type="text/plain; version=0.0.4")
+
+    @admin
+    async def sweep(request: Request) -> Response:
+        dry_run = request.query_params.get("dry_run", "false").lower() in ("1", "true", "yes")
+        result = await run_in_threadpool(
+            lambda: sweep_checkpoints(service.saver, dry_run=dry_run, metrics=service.metrics)
+        )
+        return JSONResponse(result.to_dict())
+
+    @admin
+    async def write_settings(request: Request) -> Response:
+        body = await request.json()
+        if not isinstance(body, dict) or not all(isinstance(v, str | None) for v in body.values()):
+            raise ConfigurationError(
+                "a settings write is a JSON object of variable names to strings or null, e.g. "
+                '{"LLM_PROVIDER_CHECKPOINT_RETENTION_WAITING_MINUTES": "600"}'
+            )
+        settings = service.settings.updated(body)
+        await run_in_threadpool(service.replace_settings, settings)
+        public = {
+            k: v
+            for k, v in settings.as_env().items()
+            if k.endswith(("_MINUTES", "_SECONDS")) or k == "LLM_PROVIDER_CHECKPOINT"
+        }
+        return JSONResponse({"status": "ok", "settings": public})
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        yield
+        await run_in_threadpool(service.close)
+
+    return Starlette(
+        lifespan=lifespan,
+        routes=[
+            Route("/healthz", healthz, methods=["GET"]),
+            Route("/metrics", metrics_route, methods=["GET"]),
+            Route("/api/checkpoints/sweep", sweep, methods=["POST"]),
+            Route("/api/settings", write_settings, methods=["PATCH"]),
+        ],
+    )
+
+
+def serve(host: str = "127.0.0.1", port: int = 8420) -> None:
+    """Run the app with uvicorn until interrupted."""
+    import uvicorn
+
+    uvicorn.run(create_app(), host=host, port=port, log_level="info")

@@ -1,0 +1,323 @@
+"""The one sweep on every provider (SPEC SW1-SW8), with a controllable clock."""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+from typing import Any
+
+import pytest
+
+from tests.providers import REDIS_URL, Opener
+from tests.retention.test_retention import (
+    ALL,
+    MINUTE,
+    PARKING,
+    SWEPT,
+    T0,
+    Clock,
+    asking_graph,
+    cfg,
+    exists,
+    interrupting_graph,
+    write,
+)
+from threadkeep import (
+    CheckpointDeleteError,
+    Settings,
+    declare_retention,
+    register_live_thread_filter,
+    sweep_checkpoints,
+)
+from threadkeep import sweep as sweep_module
+from threadkeep.metrics import SWEEP_DELETED, SWEEP_SPARED, Metrics
+from threadkeep.sweep import unregister_live_thread_filter
+
+SETTINGS = Settings(retention_waiting_minutes=600, retention_finished_minutes=60)
+
+
+def opened(open_saver: Opener, clock: Clock, **options: Any) -> Any:
+    return open_saver(clock=clock, settings=SETTINGS, **options)
+
+
+@pytest.mark.providers(*ALL)
+def test_sw2_finished_threads_past_due_are_deleted_on_every_provider(open_saver: Opener) -> None:
+    clock = Clock()
+    saver = opened(open_saver, clock)
+    for thread in ("early", "late", "waiting"):
+        write(saver, thread)
+    saver.mark_finished(["early"])
+    clock.advance(30)
+    saver.mark_finished(["late"])
+    clock.advance(31)  # early is due, late is not
+    result = sweep_checkpoints(saver)
+    assert (result.finished_swept, result.swept_count) == (1, 1)
+    assert [exists(saver, t) for t in ("early", "late", "waiting")] == [False, True, True]
+    assert result.to_dict().keys() >= {
+        "provider",
+        "waiting_minutes",
+        "finished_minutes",
+        "swept_count",
+        "finished_swept",
+        "waiting_swept",
+        "spared",
+        "skipped",
+    }
+    assert (result.provider, result.waiting_minutes, result.finished_minutes) == (saver.facts.name, 600, 60)
+
+
+@pytest.mark.providers(*SWEPT)
+def test_sw3_waiting_threads_past_their_horizon_are_deleted(open_saver: Opener) -> None:
+    clock = Clock()
+    saver = opened(open_saver, clock)
+    write(saver, "platform")
+    saver.start_threads(["declared"], retention=declare_retention(saver.retention, waiting_minutes=100))
+    write(saver, "declared")
+    clock.advance(101)
+    result = sweep_checkpoints(saver)
+    assert (result.waiting_swept, result.skipped) == (1, [])
+    assert (exists(saver, "declared"), exists(saver, "platform")) == (False, True)
+    clock.advance(500)
+    assert sweep_checkpoints(saver).waiting_swept == 1
+    assert not exists(saver, "platform")
+
+
+@pytest.mark.providers("memory", "redis")
+def test_sw3_redis_and_memory_report_the_waiting_horizon_as_skipped(open_saver: Opener) -> None:
+    clock = Clock()
+    saver = opened(open_saver, clock)
+    write(saver, "old")
+    clock.advance(10_000)
+    result = sweep_checkpoints(saver)
+    assert result.swept_count == 0
+    assert exists(saver, "old")
+    expected = "key" if saver.facts.name == "redis" else "process"
+    assert len(result.skipped) == 1
+    assert "waiting horizon" in result.skipped[0]
+    assert expected in result.skipped[0]
+
+
+@pytest.mark.providers(*PARKING)
+def test_sw4_a_parked_thread_is_spared_logged_counted_listed_and_stays_marked(
+    open_saver: Opener, caplog: pytest.LogCaptureFixture
+) -> None:
+    clock = Clock()
+    saver = opened(open_saver, clock)
+    asking_graph(saver, deadline=T0 + 300 * MINUTE).invoke({"log": []}, cfg("parked"))
+    write(saver, "done")
+    saver.mark_finished(["parked", "done"])
+    clock.advance(61)
+    metrics = Metrics()
+    with caplog.at_level(logging.WARNING, logger="threadkeep.sweep"):
+        result = sweep_checkpoints(saver, metrics=metrics)
+    assert result.finished_swept == 1
+    assert [(s.thread_id, s.horizon, s.owner) for s in result.spared] == [("parked", "finished", "parks")]
+    assert "thread parked is past the finished horizon but parks reports it live" in caplog.text
+    assert metrics.value(SWEEP_SPARED, horizon="finished", owner="parks") == 1
+    assert metrics.value(SWEEP_DELETED, horizon="finished") == 1
+    assert 'threadkeep_checkpoint_sweep_spared_total{horizon="finished",owner="parks"} 1' in metrics.render()
+    assert saver.thread_retention("parked")[1] is not None  # still marked: the next sweep asks again
+    assert [s.thread_id for s in sweep_checkpoints(saver, metrics=metrics).spared] == ["parked"]
+    assert metrics.value(SWEEP_SPARED, horizon="finished", owner="parks") == 2
+    clock.advance(300)  # the park expired; its interrupt still waits to be resumed
+    assert [(s.thread_id, s.owner) for s in sweep_checkpoints(saver).spared] == [("parked", "interrupts")]
+
+
+@pytest.mark.providers(*ALL)
+def test_sw4_a_thread_waiting_on_an_interrupt_is_spared(open_saver: Opener) -> None:
+    clock = Clock()
+    saver = opened(open_saver, clock)
+    interrupting_graph(saver).invoke({"log": []}, cfg("asking"))
+    saver.mark_finished(["asking"])
+    clock.advance(61)
+    result = sweep_checkpoints(saver)
+    assert [(s.thread_id, s.owner) for s in result.spared] == [("asking", "interrupts")]
+    assert exists(saver, "asking")
+
+
+@pytest.mark.providers("sqlite", "redis")
+def test_sw4_a_filter_that_raises_fails_the_sweep(open_saver: Opener) -> None:
+    clock = Clock()
+    saver = opened(open_saver, clock)
+    write(saver, "t")
+    saver.mark_finished(["t"])
+    clock.advance(61)
+
+    def broken(saver: Any, thread_ids: Any) -> set[str]:
+        raise ConnectionError("the interactions store is down")
+
+    register_live_thread_filter("interactions", broken)
+    try:
+        with pytest.raises(ConnectionError) as raised:
+            sweep_checkpoints(saver)
+        assert "live-thread filter 'interactions'" in raised.value.__notes__[0]
+        assert exists(saver, "t")
+    finally:
+        unregister_live_thread_filter("interactions")
+
+
+def test_sw4_filter_owners_are_checked() -> None:
+    from threadkeep import ConfigurationError
+
+    with pytest.raises(ConfigurationError, match="must match"):
+        register_live_thread_filter("Bad Owner", lambda saver, ids: set())
+    with pytest.raises(ConfigurationError, match="already registered"):
+        register_live_thread_filter("parks", lambda saver, ids: set())
+
+
+@pytest.mark.providers(*SWEPT, "redis")
+def test_sw5_a_writer_that_keeps_writing_is_deleted_again_then_fails_loudly(
+    open_saver: Opener, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clock = Clock()
+    saver = opened(open_saver, clock)
+    writer = opened(open_saver, clock)  # another worker on the same store
+    for thread in ("stubborn", "brief"):
+        write(saver, thread)
+    saver.mark_finished(["stubborn", "brief"])
+    clock.advance(61)
+    rounds = {"stubborn": 0, "brief": 0}
+    delete = saver.delete_threads
+
+    def delete_while_writing(threads: Any) -> None:
+        delete(threads)
+        for thread in threads:
+            rounds[thread.thread_id] += 1
+            if thread.thread_id == "stubborn" or rounds["brief"] <= 3:
+                write(writer, thread.thread_id)  # lands after the delete
+
+    monkeypatch.setattr(saver, "delete_threads", delete_while_writing)
+    with pytest.raises(CheckpointDeleteError, match="after each of 100 delete rounds") as raised:
+        sweep_checkpoints(saver)
+    assert raised.value.context["thread_ids"] == ["stubborn"]
+    assert rounds == {"stubborn": 100, "brief": 4}
+    assert not exists(saver, "brief")
+
+
+@pytest.mark.providers(*ALL)
+def test_sw6_a_dry_run_lists_what_would_go_and_deletes_nothing(open_saver: Opener) -> None:
+    clock = Clock()
+    saver = opened(open_saver, clock)
+    write(saver, "t")
+    saver.mark_finished(["t"])
+    clock.advance(61)
+    result = sweep_checkpoints(saver, dry_run=True)
+    assert (result.dry_run, result.swept_count, result.doomed) == (
+        True,
+        1,
+        [{"thread_id": "t", "horizon": "finished"}],
+    )
+    assert exists(saver, "t")
+
+
+@pytest.mark.providers(*SWEPT, "redis")
+def test_sw8_pages_through_the_store_past_spared_threads(
+    open_saver: Opener, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sweep_module, "PAGE_SIZE", 3)
+    clock = Clock()
+    saver = opened(open_saver, clock)
+    threads = [f"t{i}" for i in range(8)]
+    for thread in threads:
+        write(saver, thread)
+    saver.mark_finished(threads)
+    keep = {"t1", "t4", "t5"}
+    register_live_thread_filter("keeper", lambda saver, ids: keep & set(ids))
+    try:
+        clock.advance(61)
+        pages: list[int] = []
+        result = sweep_checkpoints(saver, progress=lambda r, total: pages.append(total))
+    finally:
+        unregister_live_thread_filter("keeper")
+    assert result.finished_swept == 5
+    assert sorted(s.thread_id for s in result.spared) == sorted(keep)
+    assert [t for t in threads if exists(saver, t)] == sorted(keep)
+    assert len(pages) >= 3
+    assert pages[0] == 8
+
+
+# --- SW5: a deleted thread leaves nothing behind ------------------------------------------------
+
+
+@pytest.fixture
+def without_interrupts_filter() -> Any:
+    """Sweep threads that wait on an interrupt too (to check what deleting them leaves)."""
+    unregister_live_thread_filter("interrupts")
+    yield
+    register_live_thread_filter("interrupts", sweep_module._interrupts)
+
+
+@pytest.mark.providers("sqlite", "postgres", "tiered")
+@pytest.mark.usefixtures("without_interrupts_filter")
+def test_sw5_a_swept_thread_leaves_no_row_in_any_table(open_saver: Opener) -> None:
+    clock = Clock()
+    saver = opened(open_saver, clock)
+    if saver.facts.holds_parked_runs:  # a park, its interrupt, checkpoints, writes, messages
+        asking_graph(saver, deadline=T0 + 300 * MINUTE).invoke({"log": []}, cfg("gone"))
+    else:
+        interrupting_graph(saver).invoke({"log": []}, cfg("gone"))
+    write(saver, "kept")
+    saver.mark_finished(["gone"])
+    clock.advance(400)  # past the park's deadline and the finished horizon
+    assert sweep_checkpoints(saver).finished_swept == 1
+    tables = _tables(saver)
+    assert {"tk_threads", "tk_checkpoints", "tk_blobs", "tk_writes", "tk_messages", "tk_parks"} <= set(tables)
+    kept_tid = _tid(saver, "kept")
+    leftovers = {table: rows for table, rows in tables.items() if rows - {kept_tid}}
+    assert leftovers == {}
+    if saver.facts.name == "tiered":
+        import redis
+
+        client = redis.Redis.from_url(REDIS_URL)
+        assert client.exists(*saver.backend.cache.keys("gone", "anonymous")) == 0
+
+
+@pytest.mark.providers("redis")
+@pytest.mark.usefixtures("without_interrupts_filter")
+def test_sw5_a_swept_redis_thread_leaves_no_key(open_saver: Opener) -> None:
+    import redis
+
+    clock = Clock()
+    saver = opened(open_saver, clock)
+    asking_graph(saver, deadline=T0 + 30 * MINUTE).invoke({"log": []}, cfg("gone"))
+    write(saver, "kept")
+    saver.mark_finished(["gone", "kept"])
+    saver.start_threads(["kept"])
+    clock.advance(61)
+    assert sweep_checkpoints(saver).finished_swept == 1
+    client = redis.Redis.from_url(REDIS_URL)
+    space = saver.backend.space
+    keys = {key.decode() for key in client.scan_iter(match=f"{space.prefix}:*", count=1000)}
+    assert not [key for key in keys if space.tag("gone") in key]
+    assert [key for key in keys if space.tag("kept") in key]
+    assert client.zrange(space.finished_key, 0, -1) == []
+
+
+def _tables(saver: Any) -> dict[str, set[int]]:
+    """Every tk_ table of the store and the thread keys (tids) its rows belong to."""
+    durable = getattr(saver.backend, "durable", saver.backend)
+    if durable.dialect.NAME == "sqlite":
+        conn = sqlite3.connect(durable.engine.path)
+        names = [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
+        found = {
+            name: {r[0] for r in conn.execute(f"SELECT tid FROM {name}")}
+            for name in names
+            if name.startswith("tk_") and name not in ("tk_meta", "tk_migrations")
+        }
+        conn.close()
+        return found
+    import psycopg
+
+    with psycopg.connect(durable.engine.conninfo) as conn:
+        names = [
+            r[0] for r in conn.execute("SELECT tablename FROM pg_tables WHERE schemaname = current_schema()")
+        ]
+        return {
+            name: {r[0] for r in conn.execute(f"SELECT tid FROM {name}")}  # type: ignore[arg-type]
+            for name in names
+            if name.startswith("tk_") and name not in ("tk_meta", "tk_migrations")
+        }
+
+
+def _tid(saver: Any, thread_id: str) -> int:
+    return next(t.key for t in saver.threads_named([thread_id]))
