@@ -1,6 +1,7 @@
 """``./dev bench [conversation|servers|tiered] [--runs N] [--turns 5,10,20,40] [--json PATH]``
 (``servers`` also takes ``--conversations 32 --conversation-turns 10,40``; ``tiered`` takes
-``--conversations 32 --conversation-turns 10``, its one length)."""
+``--conversations 32 --conversation-turns 10``, its one length; ``sweep`` takes
+``--threads 100000``)."""
 
 from __future__ import annotations
 
@@ -9,13 +10,13 @@ import json
 import sys
 from pathlib import Path
 
-from bench import conversation, servers, tiered
+from bench import conversation, servers, sweep, tiered
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="./dev bench")
     parser.add_argument(
-        "suite", nargs="?", default="conversation", choices=["conversation", "servers", "tiered"]
+        "suite", nargs="?", default="conversation", choices=["conversation", "servers", "tiered", "sweep"]
     )
     parser.add_argument("--runs", type=int, default=3, help="runs per measurement; the median is kept")
     parser.add_argument("--turns", default="5,10,20,40", help="conversation lengths K to measure")
@@ -24,9 +25,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--conversation-turns", default="10,40", help="servers: lengths of the concurrent conversations"
     )
+    parser.add_argument("--threads", type=int, default=100_000, help="sweep: expired threads to seed")
     args = parser.parse_args(argv)
     turns = tuple(int(k) for k in args.turns.split(","))
-    if args.suite == "tiered":
+    if args.suite == "sweep":
+        results = sweep.main(runs=args.runs, threads=args.threads)
+    elif args.suite == "tiered":
         results = tiered.main(
             runs=args.runs, conversations=args.conversations, turns=int(args.conversation_turns.split(",")[0])
         )

@@ -21,6 +21,7 @@ from threadkeep.errors import (
 )
 from threadkeep.owners import RunGroup, RunOutcome, arun_agent, ask, run_agent
 from threadkeep.providers import facts_of, open_checkpointer
+from threadkeep.registry import close_savers, saver_for
 from threadkeep.saver import ProviderFacts, ThreadkeepSaver
 from threadkeep.settings import Settings
 from threadkeep.sweep import SweepResult, register_live_thread_filter, sweep_checkpoints
@@ -50,12 +51,14 @@ __all__ = [
     "ThreadkeepSaver",
     "arun_agent",
     "ask",
+    "close_savers",
     "declare_retention",
     "facts_of",
     "open_checkpointer",
     "operator_scope",
     "register_live_thread_filter",
     "run_agent",
+    "saver_for",
     "sweep_checkpoints",
     "user_scope",
 ]
