@@ -76,11 +76,16 @@ class _OwnedRun:
         self.thread = thread_id or uuid.uuid4().hex
         self.config = _config(self.thread, config)
 
-    def failed(self, error: BaseException) -> bool:
-        """Whether the failed run's thread is to be marked finished (the run ended)."""
-        if self.minted:
+    def marked_after_failure(self, error: BaseException, mark_error: BaseException | None) -> None:
+        """Say on the run's error what became of its thread (the run's error stays the one
+        raised, even if the mark failed)."""
+        if mark_error is None:
             error.add_note(f"threadkeep marked thread {self.thread!r} finished (run_agent minted it)")
-        return self.minted
+        else:
+            logger.error(
+                "could not mark thread %s finished after its run failed: %s", self.thread, mark_error
+            )
+            error.add_note(f"threadkeep could not mark thread {self.thread!r} finished: {mark_error}")
 
     def outcome(self, result: Any, state: Any) -> RunOutcome:
         parked = bool(state.interrupts)
@@ -107,16 +112,21 @@ def run_agent(
         **invoke_options: Passed to ``graph.invoke`` (``durability``, ...).
     """
     run = _OwnedRun(graph, thread_id, config)
-    run.saver.start_threads([run.thread], retention=retention)
+    run.saver.start_threads([run.thread], retention=retention, config=run.config)
     try:
         result = graph.invoke(input, run.config, **invoke_options)
     except BaseException as error:
-        if run.failed(error):
-            run.saver.mark_finished([run.thread])
+        if run.minted:
+            try:
+                run.saver.mark_finished([run.thread], config=run.config)
+            except Exception as mark_error:
+                run.marked_after_failure(error, mark_error)
+            else:
+                run.marked_after_failure(error, None)
         raise
     outcome = run.outcome(result, graph.get_state(run.config))
     if outcome.marked_finished:
-        run.saver.mark_finished([run.thread])
+        run.saver.mark_finished([run.thread], config=run.config)
     return outcome
 
 
@@ -131,16 +141,21 @@ async def arun_agent(
 ) -> RunOutcome:
     """Async :func:`run_agent` (``graph.ainvoke``)."""
     run = _OwnedRun(graph, thread_id, config)
-    await run.saver.astart_threads([run.thread], retention=retention)
+    await run.saver.astart_threads([run.thread], retention=retention, config=run.config)
     try:
         result = await graph.ainvoke(input, run.config, **invoke_options)
     except BaseException as error:
-        if run.failed(error):
-            await run.saver.amark_finished([run.thread])
+        if run.minted:
+            try:
+                await run.saver.amark_finished([run.thread], config=run.config)
+            except Exception as mark_error:
+                run.marked_after_failure(error, mark_error)
+            else:
+                run.marked_after_failure(error, None)
         raise
     outcome = run.outcome(result, await graph.aget_state(run.config))
     if outcome.marked_finished:
-        await run.saver.amark_finished([run.thread])
+        await run.saver.amark_finished([run.thread], config=run.config)
     return outcome
 
 
@@ -154,6 +169,7 @@ class RunGroup:
             may contain ``{session}``).
         retention: The declared retention of every thread of the group.
         run_ids: Runs of the group started before (a group rebuilt after a pause).
+        config: Whose threads they are (``configurable.user_id``), as in the runs' config.
 
     Use :meth:`start` before any run on the session, then :meth:`end` at the group's
     terminal, or nothing at a pause; or the :meth:`running` context manager.
@@ -167,6 +183,7 @@ class RunGroup:
         child_template: str = "{session}:{run_id}",
         retention: ThreadRetention | None = None,
         run_ids: tuple[str, ...] = (),
+        config: RunnableConfig | None = None,
     ) -> None:
         if "{run_id}" not in child_template:
             raise ConfigurationError(
@@ -178,6 +195,7 @@ class RunGroup:
         self.child_template = child_template
         self.retention = retention
         self.run_ids: list[str] = list(run_ids)
+        self.config = config
         self._paused = False
 
     def child(self, run_id: str) -> str:
@@ -193,7 +211,7 @@ class RunGroup:
 
     def start(self) -> None:
         """A run starts on the session: every thread of the group leaves the finished set."""
-        self.saver.start_threads(self.threads, retention=self.retention)
+        self.saver.start_threads(self.threads, retention=self.retention, config=self.config)
 
     def end(self, outcome: Terminal) -> dict[str, float]:
         """The group reached a terminal: mark all its threads finished (their due times)."""
@@ -209,7 +227,7 @@ class RunGroup:
             outcome,
             len(self.threads),
         )
-        return self.saver.mark_finished(self.threads)
+        return self.saver.mark_finished(self.threads, config=self.config)
 
     @contextmanager
     def running(self) -> Iterator[RunGroup]:
@@ -219,8 +237,16 @@ class RunGroup:
         self.start()
         try:
             yield self
-        except BaseException:
-            self.end("error")
+        except BaseException as error:
+            try:
+                self.end("error")
+            except Exception as mark_error:  # the flow's own error is the one raised
+                logger.error(
+                    "run group %s: could not mark its threads finished: %s", self.session_thread, mark_error
+                )
+                error.add_note(
+                    f"threadkeep could not mark run group {self.session_thread!r} finished: {mark_error}"
+                )
             raise
         if not self._paused:
             self.end("success")
@@ -274,7 +300,8 @@ def ask(question: Any, *, deadline: dt.datetime | float | None) -> Any:
     thread_id = str(configurable["thread_id"])
     due = _epoch(deadline)
     found = saver.thread_retention(thread_id)
-    waiting = (found[0] if found else ThreadRetention()).waiting(saver.retention)
+    declared = found[0] if found and found[0].waiting_minutes else saver.declared or ThreadRetention()
+    waiting = declared.waiting(saver.retention)
     horizon = saver.clock() + waiting * 60
     if due > horizon:
         raise ParkRefusedError(

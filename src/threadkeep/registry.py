@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import threading
 
+from threadkeep.core.retention import PlatformRetention, ThreadRetention, declare_retention
 from threadkeep.providers import open_checkpointer
 from threadkeep.saver import ThreadkeepSaver
 from threadkeep.settings import Settings
@@ -49,21 +50,34 @@ def saver_for(
     base = settings or Settings.from_env()
     if provider is not None:
         base = base.with_values(provider=provider, conn_string=conn_string)
-    if waiting_minutes is not None:
-        from threadkeep.core.retention import PlatformRetention, declare_retention
-
-        platform = PlatformRetention(base.retention_waiting_minutes, base.retention_finished_minutes)
-        declare_retention(platform, waiting_minutes=waiting_minutes)
-        base = base.with_values(
-            retention_waiting_minutes=waiting_minutes,
-            retention_finished_minutes=min(base.retention_finished_minutes, waiting_minutes),
-        )
+    platform = PlatformRetention(base.retention_waiting_minutes, base.retention_finished_minutes)
+    declared = (
+        None if waiting_minutes is None else declare_retention(platform, waiting_minutes=waiting_minutes)
+    )
     key: _Key = (base.provider, base.conn_string, waiting_minutes)
     with _GUARD:
         saver = _SAVERS.get(key)
         if saver is None:
-            saver = _SAVERS[key] = open_checkpointer(settings=base)
+            saver = _SAVERS[key] = _open(base, platform, declared)
         return saver
+
+
+def _open(
+    settings: Settings, platform: PlatformRetention, declared: ThreadRetention | None
+) -> ThreadkeepSaver:
+    if declared is None or declared.waiting_minutes is None:
+        return open_checkpointer(settings=settings)
+    # Built with the declared waiting as its own (on redis: the TTL of every key it writes),
+    # then told the platform's, which the sweep and the finished marks use.
+    saver = open_checkpointer(
+        settings=settings.with_values(
+            retention_waiting_minutes=declared.waiting_minutes,
+            retention_finished_minutes=min(settings.retention_finished_minutes, declared.waiting_minutes),
+        )
+    )
+    saver.retention = platform
+    saver.declared = declared
+    return saver
 
 
 def close_savers() -> None:

@@ -40,7 +40,13 @@ from threadkeep.core.records import (
     prepare_writes,
     target_of,
 )
-from threadkeep.core.retention import ExpiredThread, PlatformRetention, SweepPage, ThreadRetention
+from threadkeep.core.retention import (
+    ExpiredThread,
+    PlatformRetention,
+    SweepPage,
+    ThreadRetention,
+    declare_retention,
+)
 
 __all__ = ["Backend", "ProviderFacts", "ThreadkeepSaver"]
 
@@ -109,7 +115,9 @@ class Backend(Protocol):
 
     def count_expired(self, page: SweepPage) -> Program[int]: ...
 
-    def delete_threads(self, threads: Sequence[ExpiredThread]) -> Program[None]: ...
+    def delete_threads(
+        self, threads: Sequence[ExpiredThread], page: SweepPage | None = None
+    ) -> Program[list[str]]: ...
 
     def threads_named(self, thread_ids: Sequence[str]) -> Program[list[ExpiredThread]]: ...
 
@@ -157,6 +165,9 @@ class ThreadkeepSaver(BaseCheckpointSaver[str]):
     ) -> None:
         super().__init__(serde=serde or build_serde())
         self.retention = retention or PlatformRetention()
+        # The retention a saver built for runs that declare a shorter one records at their
+        # start (threadkeep.saver_for(..., waiting_minutes=...)); None: the platform's.
+        self.declared: ThreadRetention | None = None
         self.backend = backend
         self.facts = facts
         self.enforce_user_isolation = enforce_user_isolation
@@ -364,9 +375,18 @@ class ThreadkeepSaver(BaseCheckpointSaver[str]):
 
     # retention (SPEC RT2-RT5): the owners' and parks' calls -----------------------------------
 
-    def _start(self, thread_ids: Sequence[str], declared: ThreadRetention | None) -> ProgramFactory[None]:
-        actor, now, ids = self._actor(), self.clock(), [str(t) for t in thread_ids]
-        declared = declared or ThreadRetention()
+    def _actor_of(self, config: RunnableConfig | None) -> Actor:
+        return actor_for((config or {}).get("configurable"), isolate=self.enforce_user_isolation)
+
+    def _start(
+        self, thread_ids: Sequence[str], declared: ThreadRetention | None, config: RunnableConfig | None
+    ) -> ProgramFactory[None]:
+        actor, now, ids = self._actor_of(config), self.clock(), [str(t) for t in thread_ids]
+        wanted = declared or self.declared or ThreadRetention()
+        # Checked here too: a ThreadRetention built by hand could exceed the platform's.
+        declared = declare_retention(
+            self.retention, waiting_minutes=wanted.waiting_minutes, finished_minutes=wanted.finished_minutes
+        )
 
         def program() -> Program[None]:
             for thread_id in ids:
@@ -374,32 +394,55 @@ class ThreadkeepSaver(BaseCheckpointSaver[str]):
 
         return program
 
-    def start_threads(self, thread_ids: Sequence[str], *, retention: ThreadRetention | None = None) -> None:
+    def start_threads(
+        self,
+        thread_ids: Sequence[str],
+        *,
+        retention: ThreadRetention | None = None,
+        config: RunnableConfig | None = None,
+    ) -> None:
         """A run starts on ``thread_ids``: take them out of the finished set and record their
         declared retention (``None``: the platform's; a later start replaces it). Build a
-        declared one with :func:`threadkeep.declare_retention`."""
-        self._run(self._start(thread_ids, retention), write=True)
+        declared one with :func:`threadkeep.declare_retention`. ``config`` names the user
+        (``configurable.user_id``), as the run's own config does.
+
+        Raises:
+            ThreadRetentionError: ``retention`` exceeds the platform's.
+            StorageForbiddenError: a thread belongs to another user.
+        """
+        self._run(self._start(thread_ids, retention, config), write=True)
 
     async def astart_threads(
-        self, thread_ids: Sequence[str], *, retention: ThreadRetention | None = None
+        self,
+        thread_ids: Sequence[str],
+        *,
+        retention: ThreadRetention | None = None,
+        config: RunnableConfig | None = None,
     ) -> None:
         """Async :meth:`start_threads`."""
-        await self._arun(self._start(thread_ids, retention), write=True)
+        await self._arun(self._start(thread_ids, retention, config), write=True)
 
-    def _mark(self, thread_ids: Sequence[str]) -> ProgramFactory[dict[str, float]]:
-        actor, now, ids = self._actor(), self.clock(), [str(t) for t in thread_ids]
+    def _mark(
+        self, thread_ids: Sequence[str], config: RunnableConfig | None
+    ) -> ProgramFactory[dict[str, float]]:
+        actor, now, ids = self._actor_of(config), self.clock(), [str(t) for t in thread_ids]
         finished = self.retention.finished_minutes
         return lambda: self.backend.mark_finished(ids, actor, finished, now)
 
-    def mark_finished(self, thread_ids: Sequence[str]) -> dict[str, float]:
+    def mark_finished(
+        self, thread_ids: Sequence[str], *, config: RunnableConfig | None = None
+    ) -> dict[str, float]:
         """Mark threads finished: each is due the finished retention in force now (its
         declared one, else the platform's capped at its waiting). Returns the due times
-        (epoch seconds) of the threads marked; a thread the store does not hold is not."""
-        return self._run(self._mark(thread_ids), write=True)
+        (epoch seconds) of the threads marked; a thread the store does not hold, or that
+        another user owns, is not."""
+        return self._run(self._mark(thread_ids, config), write=True)
 
-    async def amark_finished(self, thread_ids: Sequence[str]) -> dict[str, float]:
+    async def amark_finished(
+        self, thread_ids: Sequence[str], *, config: RunnableConfig | None = None
+    ) -> dict[str, float]:
         """Async :meth:`mark_finished`."""
-        return await self._arun(self._mark(thread_ids), write=True)
+        return await self._arun(self._mark(thread_ids, config), write=True)
 
     def thread_retention(self, thread_id: str) -> tuple[ThreadRetention, float | None] | None:
         """A thread's declared retention and finished due time (``None``: waiting), or
@@ -422,8 +465,12 @@ class ThreadkeepSaver(BaseCheckpointSaver[str]):
     def count_expired(self, page: SweepPage) -> int:
         return self._run(lambda: self.backend.count_expired(page))
 
-    def delete_threads(self, threads: Sequence[ExpiredThread]) -> None:
-        self._run(lambda: self.backend.delete_threads(threads), write=True)
+    def delete_threads(
+        self, threads: Sequence[ExpiredThread], page: SweepPage | None = None
+    ) -> builtins.list[str]:
+        """Delete ``threads`` (with a sweep's ``page``: those still past its horizon and not
+        parked); returns the ids deleted."""
+        return self._run(lambda: self.backend.delete_threads(threads, page), write=True)
 
     def threads_named(self, thread_ids: Sequence[str]) -> builtins.list[ExpiredThread]:
         return self._run(lambda: self.backend.threads_named(thread_ids))

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Final
@@ -83,24 +84,38 @@ class _Service:
         self.metrics = metrics
         self._given = saver
         self._saver = saver
+        # Held while the saver is opened, swept with, or replaced: a settings write waits
+        # for a running sweep instead of closing its store under it.
+        self.lock = threading.RLock()
 
     @property
     def saver(self) -> ThreadkeepSaver:
-        if self._saver is None:
-            self._saver = open_checkpointer(settings=self.settings)
-        return self._saver
+        with self.lock:
+            if self._saver is None:
+                self._saver = open_checkpointer(settings=self.settings)
+            return self._saver
+
+    def check(self) -> None:
+        """Raise unless the store answers (and this version can use it)."""
+        self.saver.backend.check()
+
+    def sweep(self, dry_run: bool) -> dict[str, Any]:
+        with self.lock:
+            return sweep_checkpoints(self.saver, dry_run=dry_run, metrics=self.metrics).to_dict()
 
     def replace_settings(self, settings: Settings) -> None:
-        old, self._saver = self._saver, None
-        self.settings, self.keys = settings, parse_api_keys(settings.api_keys)
-        if old is not None and old is not self._given:
-            old.close()
-        self._given = None
+        with self.lock:
+            old, self._saver = self._saver, None
+            self.settings, self.keys = settings, parse_api_keys(settings.api_keys)
+            if old is not None and old is not self._given:
+                old.close()
+            self._given = None
 
     def close(self) -> None:
-        if self._saver is not None and self._saver is not self._given:
-            self._saver.close()
-        self._saver = None
+        with self.lock:
+            if self._saver is not None and self._saver is not self._given:
+                self._saver.close()
+            self._saver = None
 
 
 def create_app(
@@ -137,7 +152,11 @@ def create_app(
                 )
             if key.role != "admin":
                 return JSONResponse(
-                    {"error": "forbidden", "message": f"user {key.user!r} is not an admin; this route is"},
+                    {
+                        "error": "forbidden",
+                        "message": f"user {key.user!r} is not an admin; this route needs an admin key "
+                        "(role admin in LLM_PROVIDER_CHECKPOINT_API_KEYS)",
+                    },
                     status_code=403,
                 )
             try:
@@ -149,10 +168,16 @@ def create_app(
 
     async def healthz(request: Request) -> Response:
         try:
-            await run_in_threadpool(service.saver.backend.check)
-        except Exception as error:
+            await run_in_threadpool(service.check)
+        except Exception as error:  # the details go to the log, not to an unauthenticated caller
             logger.warning("health check failed: %s", error)
-            return JSONResponse({"status": "unavailable", "error": str(error)}, status_code=503)
+            return JSONResponse(
+                {
+                    "status": "unavailable",
+                    "message": "the checkpoint store does not answer; see the server log",
+                },
+                status_code=503,
+            )
         return JSONResponse({"status": "ok", "provider": service.settings.provider})
 
     async def metrics_route(request: Request) -> Response:
@@ -161,14 +186,14 @@ def create_app(
     @admin
     async def sweep(request: Request) -> Response:
         dry_run = request.query_params.get("dry_run", "false").lower() in ("1", "true", "yes")
-        result = await run_in_threadpool(
-            lambda: sweep_checkpoints(service.saver, dry_run=dry_run, metrics=service.metrics)
-        )
-        return JSONResponse(result.to_dict())
+        return JSONResponse(await run_in_threadpool(service.sweep, dry_run))
 
     @admin
     async def write_settings(request: Request) -> Response:
-        body = await request.json()
+        try:
+            body = await request.json()
+        except ValueError:
+            body = None
         if not isinstance(body, dict) or not all(isinstance(v, str | None) for v in body.values()):
             raise ConfigurationError(
                 "a settings write is a JSON object of variable names to strings or null, e.g. "

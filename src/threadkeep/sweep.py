@@ -26,11 +26,13 @@ from threadkeep.metrics import METRICS, SWEEP_DELETED, SWEEP_SPARED, Metrics
 from threadkeep.saver import ThreadkeepSaver
 
 __all__ = [
+    "DOOMED_LISTED",
     "MAX_DELETE_ROUNDS",
     "PAGE_SIZE",
     "LiveThreadFilter",
     "SparedThread",
     "SweepResult",
+    "delete_with_rounds",
     "live_thread_filters",
     "register_live_thread_filter",
     "sweep_checkpoints",
@@ -41,9 +43,11 @@ logger = logging.getLogger("threadkeep.sweep")
 
 PAGE_SIZE: Final = 1000
 MAX_DELETE_ROUNDS: Final = 100
+DOOMED_LISTED: Final = 1000  # a dry run lists at most this many of the threads it would delete
 
-LiveThreadFilter = Callable[[ThreadkeepSaver, Sequence[str]], Collection[str]]
-"""Given the store and a page of thread ids past a horizon, return the ids still in use."""
+LiveThreadFilter = Callable[[ThreadkeepSaver, Sequence[str], float], Collection[str]]
+"""Given the store, a page of thread ids past a horizon and the sweep's clock (epoch
+seconds), return the ids still in use."""
 
 _OWNER = re.compile(r"^[a-z][a-z0-9_-]*$")
 _FILTERS: dict[str, LiveThreadFilter] = {}
@@ -57,8 +61,8 @@ _SKIPPED: Final = {
 def register_live_thread_filter(owner: str, fn: LiveThreadFilter) -> None:
     """Ask ``fn`` before the sweep deletes any thread (SPEC SW4).
 
-    ``fn(saver, thread_ids)`` returns the ids it claims as live; those are spared. A filter
-    that raises fails the sweep (nothing after it is deleted).
+    ``fn(saver, thread_ids, now)`` returns the ids it claims as live; those are spared. A
+    filter that raises fails the sweep (nothing after it is deleted).
 
     Raises:
         ConfigurationError: ``owner`` is not a lowercase name (``[a-z][a-z0-9_-]*``) or
@@ -87,12 +91,12 @@ def live_thread_filters() -> dict[str, LiveThreadFilter]:
     return dict(_FILTERS)
 
 
-def _parks(saver: ThreadkeepSaver, thread_ids: Sequence[str]) -> Collection[str]:
+def _parks(saver: ThreadkeepSaver, thread_ids: Sequence[str], now: float) -> Collection[str]:
     """A thread with a live park (SPEC RT5) is still waiting on an answer."""
-    return saver.live_parks(thread_ids, saver.clock())
+    return saver.live_parks(thread_ids, now)
 
 
-def _interrupts(saver: ThreadkeepSaver, thread_ids: Sequence[str]) -> Collection[str]:
+def _interrupts(saver: ThreadkeepSaver, thread_ids: Sequence[str], now: float) -> Collection[str]:
     """A thread whose newest root checkpoint holds an interrupt waits to be resumed."""
     return saver.interrupted(thread_ids)
 
@@ -112,7 +116,8 @@ class SparedThread:
 class SweepResult:
     """What a sweep did (SPEC SW6); :meth:`to_dict` is the HTTP route's and ``--json``'s body.
 
-    ``doomed`` lists, on a dry run, the threads a sweep would delete (nothing is deleted).
+    ``doomed`` lists, on a dry run, the threads a sweep would delete (nothing is deleted;
+    the first 1,000 are listed, ``swept_count`` counts them all).
     """
 
     provider: str
@@ -158,6 +163,13 @@ def sweep_checkpoints(
 
         with open_checkpointer() as owned:
             return sweep_checkpoints(owned, now=now, dry_run=dry_run, progress=progress, metrics=metrics)
+    if saver.declared is not None:
+        raise ConfigurationError(
+            "sweep the deployment's store with a saver built from its settings (open_checkpointer()), "
+            "not a run's saver_for(..., waiting_minutes=...): the sweep would apply that run's "
+            "retention to every thread",
+            context={"declared_waiting_minutes": saver.declared.waiting_minutes},
+        )
     with operator_scope():
         return _Sweep(saver, saver.clock() if now is None else now, dry_run, progress, metrics).run()
 
@@ -218,17 +230,21 @@ class _Sweep:
             claimed = self._claimed(page, horizon)
             doomed = [thread for thread in page if thread.thread_id not in claimed]
             if self.dry_run:
-                self.result.doomed.extend({"thread_id": t.thread_id, "horizon": horizon} for t in doomed)
+                room = DOOMED_LISTED - len(self.result.doomed)
+                self.result.doomed.extend(
+                    {"thread_id": t.thread_id, "horizon": horizon} for t in doomed[:room]
+                )
+                deleted = len(doomed)
                 kept += len(page)
             else:
-                self._delete(doomed)
-                self.metrics.inc(SWEEP_DELETED, len(doomed), horizon=horizon)
-                kept += len(claimed)
-            self.result.swept_count += len(doomed)
+                deleted = len(delete_with_rounds(self.saver, doomed, self._page(horizon)))
+                self.metrics.inc(SWEEP_DELETED, deleted, horizon=horizon)
+                kept += len(page) - deleted  # a store without keys skips what stayed behind
+            self.result.swept_count += deleted
             if horizon == "finished":
-                self.result.finished_swept += len(doomed)
+                self.result.finished_swept += deleted
             else:
-                self.result.waiting_swept += len(doomed)
+                self.result.waiting_swept += deleted
             if self.progress is not None:
                 self.progress(self.result, self.total)
             if len(page) < PAGE_SIZE:
@@ -240,7 +256,7 @@ class _Sweep:
         claimed: dict[str, str] = {}
         for owner, fn in _FILTERS.items():
             try:
-                live = fn(self.saver, ids)
+                live = set(fn(self.saver, ids, self.now)) & set(ids)
             except Exception as error:
                 error.add_note(f"raised by the live-thread filter {owner!r}: the sweep stopped there")
                 logger.error("checkpoint sweep: the live-thread filter %r raised; sweep failed", owner)
@@ -258,18 +274,31 @@ class _Sweep:
             self.result.spared.append(SparedThread(thread_id, horizon, owner))
         return claimed
 
-    def _delete(self, threads: Sequence[ExpiredThread]) -> None:
-        """Delete ``threads``; any a writer recreated meanwhile go again, up to 100 rounds."""
-        pending = list(threads)
-        for _ in range(MAX_DELETE_ROUNDS):
-            if not pending:
-                return
-            self.saver.delete_threads(pending)
-            pending = self.saver.threads_named([thread.thread_id for thread in pending])
-        if pending:
-            names = ", ".join(repr(thread.thread_id) for thread in pending[:5])
-            raise CheckpointDeleteError(
-                f"thread(s) {names} were written again after each of {MAX_DELETE_ROUNDS} delete rounds: "
-                "something keeps writing to them; stop it and run the sweep again",
-                context={"thread_ids": [thread.thread_id for thread in pending], "rounds": MAX_DELETE_ROUNDS},
-            )
+
+def delete_with_rounds(
+    saver: ThreadkeepSaver, threads: Sequence[ExpiredThread], page: SweepPage | None = None
+) -> list[str]:
+    """Delete ``threads`` (with a sweep's ``page``, only those still past its horizon and not
+    parked); any that a writer recreated meanwhile are deleted again, up to 100 rounds in
+    all (SPEC SW5). Returns the ids deleted.
+
+    Raises:
+        CheckpointDeleteError: threads still written to after the 100th round.
+    """
+    if not threads:
+        return []
+    deleted = saver.delete_threads(threads, page)
+    pending = saver.threads_named(deleted)
+    for _ in range(MAX_DELETE_ROUNDS - 1):
+        if not pending:
+            return deleted
+        saver.delete_threads(pending)
+        pending = saver.threads_named([thread.thread_id for thread in pending])
+    if not pending:
+        return deleted
+    names = ", ".join(repr(thread.thread_id) for thread in pending[:5])
+    raise CheckpointDeleteError(
+        f"thread(s) {names} were written again after each of {MAX_DELETE_ROUNDS} delete rounds: "
+        "something keeps writing to them; stop it and run the sweep again",
+        context={"thread_ids": [thread.thread_id for thread in pending], "rounds": MAX_DELETE_ROUNDS},
+    )

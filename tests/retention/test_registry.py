@@ -8,7 +8,7 @@ import pytest
 
 from tests.providers import CASES, REDIS_URL, redis_probe, require
 from tests.retention.test_retention import write
-from threadkeep import Settings, ThreadRetentionError
+from threadkeep import Settings, ThreadRetention, ThreadRetentionError
 from threadkeep.registry import close_savers, saver_for
 
 
@@ -21,7 +21,10 @@ def test_p5_each_store_is_built_once_and_shared(tmp_path: Path) -> None:
         assert other is not first
         short = saver_for("sqlite", str(tmp_path / "a.sqlite"), waiting_minutes=30, settings=settings)
         assert short is not first
-        assert (short.retention.waiting_minutes, short.retention.finished_minutes) == (30, 30)
+        assert short.declared == ThreadRetention(30, None)
+        assert short.retention == first.retention  # the platform's: the sweep and marks use it
+        short.start_threads(["t"])  # records the declared retention for the thread
+        assert short.thread_retention("t") == (ThreadRetention(30, None), None)
         with pytest.raises(ThreadRetentionError, match="exceeds the platform's 10080"):
             saver_for("sqlite", str(tmp_path / "a.sqlite"), waiting_minutes=20_000, settings=settings)
     finally:

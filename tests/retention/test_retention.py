@@ -240,6 +240,34 @@ def test_rt4_run_agent_marks_a_thread_it_minted_and_never_a_callers(open_saver: 
     assert saver.thread_retention(minted.thread_id)[1] is None
 
 
+@pytest.mark.providers("sqlite", "postgres", "redis", "tiered")
+def test_rt4_run_agent_acts_for_the_user_its_config_names(open_saver: Opener) -> None:
+    saver = open_saver()
+    graph = simple_graph(saver)
+    alice = {"configurable": {"user_id": "alice"}}
+    outcome = run_agent(graph, {"log": []}, config=alice)
+    assert outcome.marked_finished
+    with user_scope("alice"):
+        assert saver.thread_retention(outcome.thread_id)[1] is not None
+    with pytest.raises(StorageForbiddenError):
+        run_agent(
+            graph, {"log": []}, thread_id=outcome.thread_id, config={"configurable": {"user_id": "bob"}}
+        )
+    group = RunGroup(saver, "alice-session", config=alice)
+    with group.running():
+        graph.invoke({"log": []}, {"configurable": {"thread_id": group.child("r1"), "user_id": "alice"}})
+    assert all(saver.thread_retention(t)[1] is not None for t in group.threads)
+
+
+@pytest.mark.providers(*ALL)
+def test_rt3_a_retention_built_by_hand_is_still_checked(open_saver: Opener) -> None:
+    saver = open_saver()
+    with pytest.raises(ThreadRetentionError, match="exceeds the platform's"):
+        saver.start_threads(["t"], retention=ThreadRetention(waiting_minutes=99_999))
+    with pytest.raises(ThreadRetentionError, match="exceeds the thread's waiting"):
+        run_agent(simple_graph(saver), {"log": []}, retention=ThreadRetention(10, 20))
+
+
 @pytest.mark.providers(*ALL)
 def test_rt4_run_agent_does_not_mark_a_run_that_parked(open_saver: Opener) -> None:
     saver = open_saver()

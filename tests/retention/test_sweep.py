@@ -143,7 +143,7 @@ def test_sw4_a_filter_that_raises_fails_the_sweep(open_saver: Opener) -> None:
     saver.mark_finished(["t"])
     clock.advance(61)
 
-    def broken(saver: Any, thread_ids: Any) -> set[str]:
+    def broken(saver: Any, thread_ids: Any, now: float) -> set[str]:
         raise ConnectionError("the interactions store is down")
 
     register_live_thread_filter("interactions", broken)
@@ -160,9 +160,9 @@ def test_sw4_filter_owners_are_checked() -> None:
     from threadkeep import ConfigurationError
 
     with pytest.raises(ConfigurationError, match="must match"):
-        register_live_thread_filter("Bad Owner", lambda saver, ids: set())
+        register_live_thread_filter("Bad Owner", lambda saver, ids, now: set())
     with pytest.raises(ConfigurationError, match="already registered"):
-        register_live_thread_filter("parks", lambda saver, ids: set())
+        register_live_thread_filter("parks", lambda saver, ids, now: set())
 
 
 @pytest.mark.providers(*SWEPT, "redis")
@@ -179,12 +179,13 @@ def test_sw5_a_writer_that_keeps_writing_is_deleted_again_then_fails_loudly(
     rounds = {"stubborn": 0, "brief": 0}
     delete = saver.delete_threads
 
-    def delete_while_writing(threads: Any) -> None:
-        delete(threads)
+    def delete_while_writing(threads: Any, page: Any = None) -> list[str]:
+        deleted = delete(threads, page)
         for thread in threads:
             rounds[thread.thread_id] += 1
             if thread.thread_id == "stubborn" or rounds["brief"] <= 3:
                 write(writer, thread.thread_id)  # lands after the delete
+        return deleted
 
     monkeypatch.setattr(saver, "delete_threads", delete_while_writing)
     with pytest.raises(CheckpointDeleteError, match="after each of 100 delete rounds") as raised:
@@ -222,7 +223,7 @@ def test_sw8_pages_through_the_store_past_spared_threads(
         write(saver, thread)
     saver.mark_finished(threads)
     keep = {"t1", "t4", "t5"}
-    register_live_thread_filter("keeper", lambda saver, ids: keep & set(ids))
+    register_live_thread_filter("keeper", lambda saver, ids, now: keep | {"not-on-the-page"})
     try:
         clock.advance(61)
         pages: list[int] = []
@@ -321,3 +322,89 @@ def _tables(saver: Any) -> dict[str, set[int]]:
 
 def _tid(saver: Any, thread_id: str) -> int:
     return next(t.key for t in saver.threads_named([thread_id]))
+
+
+@pytest.mark.providers(*SWEPT, "redis")
+def test_sw_a_thread_resumed_after_its_page_was_read_is_not_deleted(open_saver: Opener) -> None:
+    clock = Clock()
+    saver = opened(open_saver, clock)
+    for thread in ("resumed", "done"):
+        write(saver, thread)
+    saver.mark_finished(["resumed", "done"])
+    clock.advance(61)  # both are past the finished horizon
+
+    def meanwhile(saver: Any, ids: Any, now: float) -> set[str]:
+        saver.start_threads(["resumed"])  # while the sweep asks its filters, a run starts
+        return set()
+
+    register_live_thread_filter("meanwhile", meanwhile)
+    try:
+        result = sweep_checkpoints(saver)
+    finally:
+        unregister_live_thread_filter("meanwhile")
+    assert (exists(saver, "resumed"), exists(saver, "done")) == (True, False)
+    assert result.finished_swept == 1
+
+
+@pytest.mark.providers(*SWEPT)
+def test_sw_a_thread_written_after_its_page_was_read_is_not_deleted(open_saver: Opener) -> None:
+    clock = Clock()
+    saver = opened(open_saver, clock)
+    for thread in ("written", "stale"):
+        write(saver, thread)
+    clock.advance(601)  # both are past the waiting horizon
+
+    def meanwhile(saver: Any, ids: Any, now: float) -> set[str]:
+        if "written" in ids:
+            write(saver, "written")  # while the sweep asks its filters, a run writes
+        return set()
+
+    register_live_thread_filter("meanwhile", meanwhile)
+    try:
+        result = sweep_checkpoints(saver)
+    finally:
+        unregister_live_thread_filter("meanwhile")
+    assert (exists(saver, "written"), exists(saver, "stale")) == (True, False)
+    assert result.waiting_swept == 1
+
+
+@pytest.mark.providers(*SWEPT, "redis")
+def test_sw6_a_dry_run_over_several_pages_lists_every_thread_once(
+    open_saver: Opener, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sweep_module, "PAGE_SIZE", 2)
+    clock = Clock()
+    saver = opened(open_saver, clock)
+    threads = [f"t{i}" for i in range(5)]
+    for thread in threads:
+        write(saver, thread)
+    saver.mark_finished(threads)
+    clock.advance(61)
+    result = sweep_checkpoints(saver, dry_run=True)
+    assert sorted(row["thread_id"] for row in result.doomed) == threads
+    assert result.swept_count == 5
+    assert all(exists(saver, thread) for thread in threads)
+
+
+@pytest.mark.providers(*SWEPT)
+def test_rt2_a_copied_thread_starts_its_own_waiting_clock(open_saver: Opener) -> None:
+    clock = Clock()
+    saver = opened(open_saver, clock)
+    write(saver, "source")
+    clock.advance(500)
+    saver.copy_thread("source", "copy")
+    clock.advance(101)  # the source is past 600 minutes, the copy is 101 minutes old
+    assert sweep_checkpoints(saver).waiting_swept == 1
+    assert (exists(saver, "source"), exists(saver, "copy")) == (False, True)
+
+
+def test_sw7_the_sweep_refuses_a_runs_own_saver(tmp_path: Any) -> None:
+    from threadkeep import ConfigurationError
+    from threadkeep.registry import close_savers, saver_for
+
+    try:
+        saver = saver_for("sqlite", str(tmp_path / "s.sqlite"), waiting_minutes=30, settings=Settings())
+        with pytest.raises(ConfigurationError, match="apply that run's retention to every thread"):
+            sweep_checkpoints(saver)
+    finally:
+        close_savers()

@@ -278,16 +278,6 @@ LIST_ALL = _LIST_COLUMNS + "WHERE true" + _LIST_CONDITIONS
 
 # --- deletes, pruning, copies --------------------------------------------------------------
 
-DELETE_THREAD: tuple[str, ...] = (
-    "DELETE FROM tk_checkpoints WHERE tid = %(tid)s",
-    "DELETE FROM tk_blobs WHERE tid = %(tid)s",
-    "DELETE FROM tk_writes WHERE tid = %(tid)s",
-    "DELETE FROM tk_messages WHERE tid = %(tid)s",
-    "DELETE FROM tk_message_links WHERE tid = %(tid)s",
-    "DELETE FROM tk_parks WHERE tid = %(tid)s",
-    "DELETE FROM tk_threads WHERE tid = %(tid)s",
-)
-
 SELECT_RUN_CHECKPOINTS = """
 SELECT c.tid, c.checkpoint_ns, c.checkpoint_id
 FROM tk_checkpoints AS c JOIN tk_threads AS t ON t.tid = c.tid
@@ -449,8 +439,9 @@ SELECT waiting_minutes, finished_minutes, finished_due FROM tk_threads WHERE thr
 # Pages of threads past a horizon, in tid order from %(after)s (keyset paging: each page is
 # one short index range, whatever the store's size).
 _FINISHED = "t.finished_due <= %(now)s"
+# A thread's waiting clock: its newest checkpoint, or its row if newer (a copy, a run started).
 _WAITING = """t.finished_due IS NULL
-  AND COALESCE((SELECT max(c.created_at) FROM tk_checkpoints AS c WHERE c.tid = t.tid), t.created_at)
+  AND GREATEST((SELECT max(c.created_at) FROM tk_checkpoints AS c WHERE c.tid = t.tid), t.created_at)
       < %(now)s - 60 * COALESCE(t.waiting_minutes, %(waiting)s)"""
 _PAGE = """
 SELECT t.tid, t.thread_id, t.owner FROM tk_threads AS t
@@ -463,21 +454,27 @@ WAITING_PAGE = _PAGE.format(past=_WAITING)
 FINISHED_COUNT = f"SELECT count(*) FROM tk_threads AS t WHERE {_FINISHED}"
 WAITING_COUNT = f"SELECT count(*) FROM tk_threads AS t WHERE {_WAITING}"
 
-# Everything the threads hold, in one statement per table.
-DELETE_THREADS: tuple[str, ...] = tuple(
+# A delete first locks the threads' rows: a writer that holds one (THREAD_FOR_WRITE) commits
+# first, and the statements after the lock see what it wrote; a writer that comes later waits,
+# then finds the thread gone and starts a new one (the sweep's next round deletes it again).
+LOCK_THREADS = f"SELECT tid FROM tk_threads WHERE tid IN {_TIDS} ORDER BY tid FOR UPDATE"
+
+# The threads' rows go first, and a sweep's only if they are still past the horizon and not
+# parked (a run may have started on one since the page was read); the statements after it
+# delete what the deleted threads held.
+_LIVE_PARK = "EXISTS (SELECT 1 FROM tk_parks AS p WHERE p.tid = t.tid AND p.deadline > %(now)s)"
+_DELETE_ROWS = (
+    "DELETE FROM tk_threads WHERE tid IN "
+    "(SELECT t.tid FROM tk_threads AS t WHERE t.tid IN {_TIDS}{past}) RETURNING tid"
+)
+DELETE_NAMED = _DELETE_ROWS.format(_TIDS=_TIDS, past="")
+DELETE_FINISHED = _DELETE_ROWS.format(_TIDS=_TIDS, past=f" AND {_FINISHED} AND NOT {_LIVE_PARK}")
+DELETE_WAITING = _DELETE_ROWS.format(_TIDS=_TIDS, past=f" AND {_WAITING} AND NOT {_LIVE_PARK}")
+DELETE_THREAD_ROWS: tuple[str, ...] = tuple(
     f"DELETE FROM {table} WHERE tid IN {_TIDS}"
-    for table in (
-        "tk_checkpoints",
-        "tk_blobs",
-        "tk_writes",
-        "tk_messages",
-        "tk_message_links",
-        "tk_parks",
-        "tk_threads",
-    )
+    for table in ("tk_checkpoints", "tk_blobs", "tk_writes", "tk_messages", "tk_message_links", "tk_parks")
 )
 
-# Which of the threads exist (again: a writer may recreate a thread under deletion).
 THREADS_NAMED = "SELECT tid, thread_id, owner FROM tk_threads WHERE thread_id IN " + _IDS
 
 RECORD_PARK = """

@@ -107,8 +107,10 @@ class RedisBackend:
     def count_expired(self, page: SweepPage) -> Program[int]:
         return self._programs.count_expired(self.space, page)
 
-    def delete_threads(self, threads: Sequence[ExpiredThread]) -> Program[None]:
-        return self._programs.delete_threads(self.space, threads)
+    def delete_threads(
+        self, threads: Sequence[ExpiredThread], page: SweepPage | None = None
+    ) -> Program[list[str]]:
+        return self._programs.delete_threads(self.space, threads, page)
 
     def threads_named(self, thread_ids: Sequence[str]) -> Program[list[ExpiredThread]]:
         return self._programs.threads_named(self.space, thread_ids)

@@ -535,6 +535,11 @@ def start_thread(
 ) -> Program[None]:
     """A run starts on ``thread_id``: out of the finished set; its declared waiting becomes
     its keys' TTL."""
+    owner = yield Command(("HGET", space.thread(thread_id)[0], "owner"))
+    if owner is None or required_owner(actor) in (None, owner.decode()):
+        # Out of the finished set first: a failure after this leaves a waiting thread, never
+        # a running one marked finished.
+        yield Command(("ZREM", space.finished_key, thread_id))
     reply = yield Script(
         "retain",
         space.thread(thread_id),
@@ -550,7 +555,6 @@ def start_thread(
     )
     if reply[0] == b"forbidden":
         raise StorageForbiddenError(thread_id, actor.user_id)
-    yield Command(("ZREM", space.finished_key, thread_id))
 
 
 def _retention_fields(space: KeySpace, thread_id: str) -> Program[tuple[str, ThreadRetention] | None]:
@@ -615,9 +619,23 @@ def count_expired(space: KeySpace, page: SweepPage) -> Program[int]:
     return int((yield Command(("ZCOUNT", space.finished_key, "-inf", page.now))))
 
 
-def delete_threads(space: KeySpace, threads: Sequence[ExpiredThread]) -> Program[None]:
+def delete_threads(
+    space: KeySpace, threads: Sequence[ExpiredThread], page: SweepPage | None = None
+) -> Program[list[str]]:
+    """One delete round of each thread, and its finished mark (the sweep drives the rounds);
+    with a sweep's ``page``, only threads still past due and not parked."""
+    deleted = []
     for thread in threads:
-        yield from delete_thread(space, thread.thread_id, None)
+        if page is not None:
+            due = yield Command(("ZSCORE", space.finished_key, thread.thread_id))
+            if due is None or float(due) > page.now:
+                continue  # a run started on it since the page was read
+            if (yield from live_parks(space, [thread.thread_id], page.now)):
+                continue
+        yield Script("delete", space.thread(thread.thread_id), [""])
+        yield Command(("ZREM", space.finished_key, thread.thread_id))
+        deleted.append(thread.thread_id)
+    return deleted
 
 
 def threads_named(space: KeySpace, thread_ids: Sequence[str]) -> Program[list[ExpiredThread]]:

@@ -148,8 +148,10 @@ class SqlBackend:
     def count_expired(self, page: SweepPage) -> Program[int]:
         return programs.count_expired(self.dialect, page)
 
-    def delete_threads(self, threads: Sequence[ExpiredThread]) -> Program[None]:
-        return programs.delete_threads(self.dialect, threads)
+    def delete_threads(
+        self, threads: Sequence[ExpiredThread], page: SweepPage | None = None
+    ) -> Program[list[str]]:
+        return programs.delete_threads(self.dialect, threads, page)
 
     def threads_named(self, thread_ids: Sequence[str]) -> Program[list[ExpiredThread]]:
         return programs.threads_named(self.dialect, thread_ids)

@@ -89,7 +89,6 @@ class SqlDialect(Protocol):
     SELECT_CHAIN: str
     LIST_THREAD: str
     LIST_ALL: str
-    DELETE_THREAD: tuple[str, ...]
     SELECT_RUN_CHECKPOINTS: str
     DELETE_CHECKPOINT: str
     DELETE_CHECKPOINT_WRITES: str
@@ -111,7 +110,11 @@ class SqlDialect(Protocol):
     WAITING_PAGE: str
     FINISHED_COUNT: str
     WAITING_COUNT: str
-    DELETE_THREADS: tuple[str, ...]
+    LOCK_THREADS: str
+    DELETE_NAMED: str
+    DELETE_FINISHED: str
+    DELETE_WAITING: str
+    DELETE_THREAD_ROWS: tuple[str, ...]
     THREADS_NAMED: str
     RECORD_PARK: str
     CLEAR_PARK: str
@@ -513,7 +516,7 @@ def delete_thread(q: SqlDialect, thread_id: str, owner: str | None) -> Program[b
     tid = yield from _thread_tid(q, thread_id, owner)
     if tid is None:
         return False
-    yield Batch(tuple(Sql(statement, {"tid": tid}) for statement in q.DELETE_THREAD))
+    yield from delete_threads(q, [ExpiredThread(tid, thread_id, "")])
     return True
 
 
@@ -701,10 +704,24 @@ def count_expired(q: SqlDialect, page: SweepPage) -> Program[int]:
     return int(count)
 
 
-def delete_threads(q: SqlDialect, threads: Sequence[ExpiredThread]) -> Program[None]:
-    """Delete everything ``threads`` hold, in one transaction."""
+def delete_threads(
+    q: SqlDialect, threads: Sequence[ExpiredThread], page: SweepPage | None = None
+) -> Program[list[str]]:
+    """Delete everything ``threads`` hold, in one transaction; with a sweep's ``page``, only
+    the threads still past its horizon and not parked. Returns the ids deleted."""
     tids = q.text_list([str(thread.key) for thread in threads])
-    yield Batch(tuple(Sql(statement, {"tids": tids}) for statement in q.DELETE_THREADS), wanted=False)
+    yield Sql(q.LOCK_THREADS, {"tids": tids})
+    if page is None:
+        rows = yield Sql(q.DELETE_NAMED, {"tids": tids})
+    else:
+        statement = q.DELETE_FINISHED if page.horizon == "finished" else q.DELETE_WAITING
+        rows = yield Sql(statement, {"tids": tids, "now": page.now, "waiting": page.waiting_minutes})
+    gone = [int(row[0]) for row in rows]
+    if gone:
+        params = {"tids": q.text_list([str(tid) for tid in gone])}
+        yield Batch(tuple(Sql(statement, params) for statement in q.DELETE_THREAD_ROWS), wanted=False)
+    names = {thread.key: thread.thread_id for thread in threads}
+    return [names[tid] for tid in gone]
 
 
 def threads_named(q: SqlDialect, thread_ids: Sequence[str]) -> Program[list[ExpiredThread]]:

@@ -216,16 +216,6 @@ LIST_ALL = _LIST_COLUMNS + "WHERE 1 = 1" + _LIST_CONDITIONS
 
 # --- deletes, pruning, copies --------------------------------------------------------------
 
-DELETE_THREAD: tuple[str, ...] = (
-    "DELETE FROM tk_checkpoints WHERE tid = :tid",
-    "DELETE FROM tk_blobs WHERE tid = :tid",
-    "DELETE FROM tk_writes WHERE tid = :tid",
-    "DELETE FROM tk_messages WHERE tid = :tid",
-    "DELETE FROM tk_message_links WHERE tid = :tid",
-    "DELETE FROM tk_parks WHERE tid = :tid",
-    "DELETE FROM tk_threads WHERE tid = :tid",
-)
-
 SELECT_RUN_CHECKPOINTS = """
 SELECT c.tid, c.checkpoint_ns, c.checkpoint_id
 FROM tk_checkpoints AS c JOIN tk_threads AS t ON t.tid = c.tid
@@ -392,7 +382,7 @@ SELECT waiting_minutes, finished_minutes, finished_due FROM tk_threads WHERE thr
 
 _FINISHED = "t.finished_due <= :now"
 _WAITING = """t.finished_due IS NULL
-  AND COALESCE((SELECT max(c.created_at) FROM tk_checkpoints AS c WHERE c.tid = t.tid), t.created_at)
+  AND max(COALESCE((SELECT max(c.created_at) FROM tk_checkpoints AS c WHERE c.tid = t.tid), 0), t.created_at)
       < :now - 60 * COALESCE(t.waiting_minutes, :waiting)"""
 _PAGE = """
 SELECT t.tid, t.thread_id, t.owner FROM tk_threads AS t
@@ -404,17 +394,22 @@ WAITING_PAGE = _PAGE.format(past=_WAITING)
 FINISHED_COUNT = f"SELECT count(*) FROM tk_threads AS t WHERE {_FINISHED}"
 WAITING_COUNT = f"SELECT count(*) FROM tk_threads AS t WHERE {_WAITING}"
 
-DELETE_THREADS: tuple[str, ...] = tuple(
+LOCK_THREADS = "SELECT 1"  # the transaction (BEGIN IMMEDIATE) already excludes writers
+
+# The threads' rows go first, and a sweep's only if they are still past the horizon and not
+# parked (a run may have started on one since the page was read); the statements after it
+# delete what the deleted threads held.
+_LIVE_PARK = "EXISTS (SELECT 1 FROM tk_parks AS p WHERE p.tid = t.tid AND p.deadline > :now)"
+_DELETE_ROWS = (
+    "DELETE FROM tk_threads WHERE tid IN "
+    "(SELECT t.tid FROM tk_threads AS t WHERE t.tid IN {_TIDS}{past}) RETURNING tid"
+)
+DELETE_NAMED = _DELETE_ROWS.format(_TIDS=_TIDS, past="")
+DELETE_FINISHED = _DELETE_ROWS.format(_TIDS=_TIDS, past=f" AND {_FINISHED} AND NOT {_LIVE_PARK}")
+DELETE_WAITING = _DELETE_ROWS.format(_TIDS=_TIDS, past=f" AND {_WAITING} AND NOT {_LIVE_PARK}")
+DELETE_THREAD_ROWS: tuple[str, ...] = tuple(
     f"DELETE FROM {table} WHERE tid IN {_TIDS}"
-    for table in (
-        "tk_checkpoints",
-        "tk_blobs",
-        "tk_writes",
-        "tk_messages",
-        "tk_message_links",
-        "tk_parks",
-        "tk_threads",
-    )
+    for table in ("tk_checkpoints", "tk_blobs", "tk_writes", "tk_messages", "tk_message_links", "tk_parks")
 )
 
 THREADS_NAMED = "SELECT tid, thread_id, owner FROM tk_threads WHERE thread_id IN " + _IDS

@@ -208,10 +208,15 @@ class TieredBackend:
         count = yield Durable(lambda: self.durable.count_expired(page))
         return int(count)
 
-    def delete_threads(self, threads: Sequence[ExpiredThread]) -> Program[None]:
-        yield Durable(lambda: self.durable.delete_threads(threads), write=True)
+    def delete_threads(
+        self, threads: Sequence[ExpiredThread], page: SweepPage | None = None
+    ) -> Program[list[str]]:
+        deleted: list[str] = yield Durable(lambda: self.durable.delete_threads(threads, page), write=True)
+        gone = set(deleted)
         for thread in threads:
-            yield from self._forget(thread.thread_id, thread.owner if self.isolate else _SHARED)
+            if thread.thread_id in gone:
+                yield from self._forget(thread.thread_id, thread.owner if self.isolate else _SHARED)
+        return deleted
 
     def threads_named(self, thread_ids: Sequence[str]) -> Program[list[ExpiredThread]]:
         found = yield Durable(lambda: self.durable.threads_named(thread_ids))
