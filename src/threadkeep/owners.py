@@ -20,7 +20,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import uuid
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Generator, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -28,6 +28,7 @@ from typing import Any, Literal
 from langchain_core.runnables import RunnableConfig
 from langgraph.types import interrupt
 
+from threadkeep.core.program import drive, drive_async
 from threadkeep.core.retention import ThreadRetention
 from threadkeep.errors import ConfigurationError, ParkRefusedError
 from threadkeep.saver import ThreadkeepSaver
@@ -66,30 +67,42 @@ def _config(thread_id: str, config: RunnableConfig | None) -> RunnableConfig:
     return merged  # type: ignore[return-value]
 
 
+# A run_agent call is a program (see threadkeep.core.program) of these four steps, written
+# once; run_agent answers them with the sync API and arun_agent with the async one.
+_START, _INVOKE, _STATE, _MARK = "start", "invoke", "state", "mark"
+
+
 class _OwnedRun:
-    """The decisions :func:`run_agent` and :func:`arun_agent` share (they differ only in
-    awaiting)."""
+    """One :func:`run_agent` call: its thread, and the steps it takes."""
 
     def __init__(self, graph: Any, thread_id: str | None, config: RunnableConfig | None) -> None:
+        self.graph = graph
         self.saver = _saver_of(graph)
         self.minted = thread_id is None
         self.thread = thread_id or uuid.uuid4().hex
         self.config = _config(self.thread, config)
 
-    def marked_after_failure(self, error: BaseException, mark_error: BaseException | None) -> None:
-        """Say on the run's error what became of its thread (the run's error stays the one
-        raised, even if the mark failed)."""
-        if mark_error is None:
-            error.add_note(f"threadkeep marked thread {self.thread!r} finished (run_agent minted it)")
-        else:
-            logger.error(
-                "could not mark thread %s finished after its run failed: %s", self.thread, mark_error
-            )
-            error.add_note(f"threadkeep could not mark thread {self.thread!r} finished: {mark_error}")
-
-    def outcome(self, result: Any, state: Any) -> RunOutcome:
-        parked = bool(state.interrupts)
-        return RunOutcome(self.thread, result, parked, marked_finished=self.minted and not parked)
+    def program(self) -> Generator[str, Any, RunOutcome]:
+        yield _START
+        try:
+            result = yield _INVOKE
+        except Exception as error:
+            if self.minted:  # the run ended: the thread it minted is finished
+                try:
+                    yield _MARK
+                except Exception as mark_error:  # the run's own error stays the one raised
+                    logger.error(
+                        "could not mark thread %s finished after its run failed: %s", self.thread, mark_error
+                    )
+                    error.add_note(f"threadkeep could not mark thread {self.thread!r} finished: {mark_error}")
+                else:
+                    error.add_note(f"threadkeep marked thread {self.thread!r} finished (run_agent minted it)")
+            raise
+        parked = bool((yield _STATE).interrupts)
+        outcome = RunOutcome(self.thread, result, parked, marked_finished=self.minted and not parked)
+        if outcome.marked_finished:
+            yield _MARK
+        return outcome
 
 
 def run_agent(
@@ -112,22 +125,13 @@ def run_agent(
         **invoke_options: Passed to ``graph.invoke`` (``durability``, ...).
     """
     run = _OwnedRun(graph, thread_id, config)
-    run.saver.start_threads([run.thread], retention=retention, config=run.config)
-    try:
-        result = graph.invoke(input, run.config, **invoke_options)
-    except BaseException as error:
-        if run.minted:
-            try:
-                run.saver.mark_finished([run.thread], config=run.config)
-            except Exception as mark_error:
-                run.marked_after_failure(error, mark_error)
-            else:
-                run.marked_after_failure(error, None)
-        raise
-    outcome = run.outcome(result, graph.get_state(run.config))
-    if outcome.marked_finished:
-        run.saver.mark_finished([run.thread], config=run.config)
-    return outcome
+    steps: dict[str, Callable[[], Any]] = {
+        _START: lambda: run.saver.start_threads([run.thread], retention=retention, config=run.config),
+        _INVOKE: lambda: graph.invoke(input, run.config, **invoke_options),
+        _STATE: lambda: graph.get_state(run.config),
+        _MARK: lambda: run.saver.mark_finished([run.thread], config=run.config),
+    }
+    return drive(run.program(), lambda step: steps[step]())
 
 
 async def arun_agent(
@@ -141,22 +145,13 @@ async def arun_agent(
 ) -> RunOutcome:
     """Async :func:`run_agent` (``graph.ainvoke``)."""
     run = _OwnedRun(graph, thread_id, config)
-    await run.saver.astart_threads([run.thread], retention=retention, config=run.config)
-    try:
-        result = await graph.ainvoke(input, run.config, **invoke_options)
-    except BaseException as error:
-        if run.minted:
-            try:
-                await run.saver.amark_finished([run.thread], config=run.config)
-            except Exception as mark_error:
-                run.marked_after_failure(error, mark_error)
-            else:
-                run.marked_after_failure(error, None)
-        raise
-    outcome = run.outcome(result, await graph.aget_state(run.config))
-    if outcome.marked_finished:
-        await run.saver.amark_finished([run.thread], config=run.config)
-    return outcome
+    steps: dict[str, Callable[[], Awaitable[Any]]] = {
+        _START: lambda: run.saver.astart_threads([run.thread], retention=retention, config=run.config),
+        _INVOKE: lambda: graph.ainvoke(input, run.config, **invoke_options),
+        _STATE: lambda: graph.aget_state(run.config),
+        _MARK: lambda: run.saver.amark_finished([run.thread], config=run.config),
+    }
+    return await drive_async(run.program(), lambda step: steps[step]())
 
 
 class RunGroup:

@@ -23,6 +23,7 @@ from threadkeep import (
     StorageForbiddenError,
     ThreadRetention,
     ThreadRetentionError,
+    arun_agent,
     ask,
     declare_retention,
     operator_scope,
@@ -266,6 +267,19 @@ def test_rt3_a_retention_built_by_hand_is_still_checked(open_saver: Opener) -> N
         saver.start_threads(["t"], retention=ThreadRetention(waiting_minutes=99_999))
     with pytest.raises(ThreadRetentionError, match="exceeds the thread's waiting"):
         run_agent(simple_graph(saver), {"log": []}, retention=ThreadRetention(10, 20))
+
+
+@pytest.mark.providers("sqlite", "postgres", "redis", "tiered")
+async def test_rt4_arun_agent_marks_and_spares_as_run_agent_does(open_saver: Opener) -> None:
+    saver = open_saver()
+    minted = await arun_agent(simple_graph(saver), {"log": []})
+    parked = await arun_agent(interrupting_graph(saver), {"log": []})
+    supplied = await arun_agent(simple_graph(saver), {"log": []}, thread_id="mine")
+    assert (minted.marked_finished, parked.marked_finished, supplied.marked_finished) == (True, False, False)
+    assert parked.parked
+    assert (await saver.aget_tuple(cfg(minted.thread_id))) is not None
+    assert saver.thread_retention(minted.thread_id)[1] is not None
+    assert saver.thread_retention("mine")[1] is None
 
 
 @pytest.mark.providers(*ALL)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -34,6 +36,16 @@ from threadkeep.metrics import SWEEP_DELETED, SWEEP_SPARED, Metrics
 from threadkeep.sweep import unregister_live_thread_filter
 
 SETTINGS = Settings(retention_waiting_minutes=600, retention_finished_minutes=60)
+
+
+@contextmanager
+def live_filter(owner: str, fn: Any) -> Iterator[None]:
+    """A live-thread filter registered for one block."""
+    register_live_thread_filter(owner, fn)
+    try:
+        yield
+    finally:
+        unregister_live_thread_filter(owner)
 
 
 def opened(open_saver: Opener, clock: Clock, **options: Any) -> Any:
@@ -146,14 +158,11 @@ def test_sw4_a_filter_that_raises_fails_the_sweep(open_saver: Opener) -> None:
     def broken(saver: Any, thread_ids: Any, now: float) -> set[str]:
         raise ConnectionError("the interactions store is down")
 
-    register_live_thread_filter("interactions", broken)
-    try:
+    with live_filter("interactions", broken):
         with pytest.raises(ConnectionError) as raised:
             sweep_checkpoints(saver)
         assert "live-thread filter 'interactions'" in raised.value.__notes__[0]
         assert exists(saver, "t")
-    finally:
-        unregister_live_thread_filter("interactions")
 
 
 def test_sw4_filter_owners_are_checked() -> None:
@@ -223,13 +232,10 @@ def test_sw8_pages_through_the_store_past_spared_threads(
         write(saver, thread)
     saver.mark_finished(threads)
     keep = {"t1", "t4", "t5"}
-    register_live_thread_filter("keeper", lambda saver, ids, now: keep | {"not-on-the-page"})
-    try:
+    with live_filter("keeper", lambda saver, ids, now: keep | {"not-on-the-page"}):
         clock.advance(61)
         pages: list[int] = []
         result = sweep_checkpoints(saver, progress=lambda r, total: pages.append(total))
-    finally:
-        unregister_live_thread_filter("keeper")
     assert result.finished_swept == 5
     assert sorted(s.thread_id for s in result.spared) == sorted(keep)
     assert [t for t in threads if exists(saver, t)] == sorted(keep)
@@ -337,11 +343,8 @@ def test_sw_a_thread_resumed_after_its_page_was_read_is_not_deleted(open_saver: 
         saver.start_threads(["resumed"])  # while the sweep asks its filters, a run starts
         return set()
 
-    register_live_thread_filter("meanwhile", meanwhile)
-    try:
+    with live_filter("meanwhile", meanwhile):
         result = sweep_checkpoints(saver)
-    finally:
-        unregister_live_thread_filter("meanwhile")
     assert (exists(saver, "resumed"), exists(saver, "done")) == (True, False)
     assert result.finished_swept == 1
 
@@ -359,11 +362,8 @@ def test_sw_a_thread_written_after_its_page_was_read_is_not_deleted(open_saver: 
             write(saver, "written")  # while the sweep asks its filters, a run writes
         return set()
 
-    register_live_thread_filter("meanwhile", meanwhile)
-    try:
+    with live_filter("meanwhile", meanwhile):
         result = sweep_checkpoints(saver)
-    finally:
-        unregister_live_thread_filter("meanwhile")
     assert (exists(saver, "written"), exists(saver, "stale")) == (True, False)
     assert result.waiting_swept == 1
 
