@@ -77,6 +77,19 @@ def drop_postgres_schemas() -> None:
     _SCHEMAS.clear()
 
 
+def stored_checkpoint_ids(dsn: str, thread_id: str) -> list[str]:
+    """The checkpoint ids Postgres holds for ``thread_id`` (what was acknowledged), in order."""
+    import psycopg
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT c.checkpoint_id FROM tk_checkpoints c JOIN tk_threads t ON t.tid = c.tid "
+            "WHERE t.thread_id = %s ORDER BY c.checkpoint_id",
+            (thread_id,),
+        ).fetchall()
+    return [row[0] for row in rows]
+
+
 def _postgres(tmp_path: Path, unique: str) -> Opener:
     dsn = postgres_schema(unique)
     return lambda settings=None, **options: open_checkpointer(

@@ -14,7 +14,7 @@ import redis
 from langgraph.graph import END, START, StateGraph
 from typing_extensions import TypedDict
 
-from tests.providers import REDIS_URL, postgres_schema
+from tests.providers import REDIS_URL, postgres_schema, stored_checkpoint_ids
 from threadkeep import Settings, StaleStateError, open_checkpointer
 from threadkeep.backends.tiered.cache import NO_VERSION
 from threadkeep.metrics import CACHE_EVENTS, Metrics
@@ -62,13 +62,7 @@ class Tiered:
         return None if value is None else value.decode()
 
     def durable_ids(self, thread_id: str) -> list[str]:
-        with psycopg.connect(self.dsn, autocommit=True) as conn:
-            rows = conn.execute(
-                "SELECT c.checkpoint_id FROM tk_checkpoints c JOIN tk_threads t ON t.tid = c.tid "
-                "WHERE t.thread_id = %s ORDER BY c.checkpoint_id",
-                (thread_id,),
-            ).fetchall()
-        return [row[0] for row in rows]
+        return stored_checkpoint_ids(self.dsn, thread_id)
 
     def events(self, event: str) -> float:
         return self.metrics.value(CACHE_EVENTS, event=event)

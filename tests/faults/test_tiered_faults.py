@@ -18,7 +18,7 @@ import psycopg
 import pytest
 import redis
 
-from tests.providers import POSTGRES_URL, REDIS_URL, postgres_schema
+from tests.providers import POSTGRES_URL, REDIS_URL, postgres_schema, stored_checkpoint_ids
 from tests.servers import RedisServer, TcpProxy
 from tests.workers import STALE_EXIT, log_graph, slow_graph
 from threadkeep import Settings, StorageError, open_checkpointer
@@ -57,13 +57,7 @@ class Store:
         )
 
     def durable_ids(self, thread_id: str) -> list[str]:
-        with psycopg.connect(self.dsn, autocommit=True) as conn:
-            rows = conn.execute(
-                "SELECT c.checkpoint_id FROM tk_checkpoints c JOIN tk_threads t ON t.tid = c.tid "
-                "WHERE t.thread_id = %s ORDER BY c.checkpoint_id",
-                (thread_id,),
-            ).fetchall()
-        return [row[0] for row in rows]
+        return stored_checkpoint_ids(self.dsn, thread_id)
 
     def assert_all_readable(self, saver: Any, thread_id: str, messages: int) -> None:
         """Every checkpoint Postgres acknowledged reads back, and the newest state is whole."""

@@ -68,30 +68,23 @@ def declare_retention(
             the platform's, or a finished retention above the waiting one; the message names
             both values.
     """
-    for name, value in (("waiting_minutes", waiting_minutes), ("finished_minutes", finished_minutes)):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
+    for name, value, limit, variable in (
+        ("waiting_minutes", waiting_minutes, platform.waiting_minutes, _WAITING),
+        ("finished_minutes", finished_minutes, platform.finished_minutes, _FINISHED),
+    ):
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
             raise ThreadRetentionError(
                 f"declared {name}={value!r} must be a positive whole number of minutes",
                 context={name: value},
             )
-    if waiting_minutes is not None and waiting_minutes > platform.waiting_minutes:
-        raise ThreadRetentionError(
-            f"declared waiting_minutes={waiting_minutes} exceeds the platform's {platform.waiting_minutes} "
-            f"({_WAITING}); a thread may only declare a shorter retention",
-            context={
-                "waiting_minutes": waiting_minutes,
-                "platform_waiting_minutes": platform.waiting_minutes,
-            },
-        )
-    if finished_minutes is not None and finished_minutes > platform.finished_minutes:
-        raise ThreadRetentionError(
-            f"declared finished_minutes={finished_minutes} exceeds the platform's "
-            f"{platform.finished_minutes} ({_FINISHED}); a thread may only declare a shorter retention",
-            context={
-                "finished_minutes": finished_minutes,
-                "platform_finished_minutes": platform.finished_minutes,
-            },
-        )
+        if value > limit:
+            raise ThreadRetentionError(
+                f"declared {name}={value} exceeds the platform's {limit} ({variable}); a thread "
+                "may only declare a shorter retention",
+                context={name: value, f"platform_{name}": limit},
+            )
     waiting = waiting_minutes or platform.waiting_minutes
     if finished_minutes is not None and finished_minutes > waiting:
         raise ThreadRetentionError(
