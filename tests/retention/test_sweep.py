@@ -266,12 +266,14 @@ def test_sw5_a_swept_thread_leaves_no_row_in_any_table(open_saver: Opener) -> No
     write(saver, "kept")
     saver.mark_finished(["gone"])
     clock.advance(400)  # past the park's deadline and the finished horizon
-    assert sweep_checkpoints(saver).finished_swept == 1
+    gone_tid = _tid(saver, "gone")
+    result = sweep_checkpoints(saver)
+    assert result.finished_swept == 1, result
     tables = _tables(saver)
     assert {"tk_threads", "tk_checkpoints", "tk_blobs", "tk_writes", "tk_messages", "tk_parks"} <= set(tables)
     kept_tid = _tid(saver, "kept")
     leftovers = {table: rows for table, rows in tables.items() if rows - {kept_tid}}
-    assert leftovers == {}
+    assert leftovers == {}, f"gone was {gone_tid}, kept is {kept_tid}: {result}"
     if saver.facts.name == "tiered":
         import redis
 
