@@ -52,7 +52,7 @@ def opened(open_saver: Opener, clock: Clock, **options: Any) -> Any:
     return open_saver(clock=clock, settings=SETTINGS, **options)
 
 
-@pytest.mark.providers(*ALL)
+@pytest.mark.providers(*ALL, "redis-cluster")
 def test_sw2_finished_threads_past_due_are_deleted_on_every_provider(open_saver: Opener) -> None:
     clock = Clock()
     saver = opened(open_saver, clock)
@@ -109,7 +109,7 @@ def test_sw3_redis_and_memory_report_the_waiting_horizon_as_skipped(open_saver: 
     assert expected in result.skipped[0]
 
 
-@pytest.mark.providers(*PARKING)
+@pytest.mark.providers(*PARKING, "redis-cluster")
 def test_sw4_a_parked_thread_is_spared_logged_counted_listed_and_stays_marked(
     open_saver: Opener, caplog: pytest.LogCaptureFixture
 ) -> None:
