@@ -269,6 +269,7 @@ def ask(question: Any, *, deadline: dt.datetime | float | None) -> Any:
     Raises:
         ParkRefusedError: before anything is parked, when the deadline is missing, naive or
             past the thread's waiting horizon, or the store cannot hold a parked run.
+        StorageForbiddenError: the thread belongs to another user.
     """
     from langgraph.config import get_config
 
@@ -306,12 +307,7 @@ def ask(question: Any, *, deadline: dt.datetime | float | None) -> Any:
             context={"thread_id": thread_id, "deadline": due, "horizon": horizon, "waiting_minutes": waiting},
         )
     park_id = f"{configurable.get('checkpoint_ns', '')}|{configurable.get('__pregel_task_id', '')}"
-    if not saver.record_park(thread_id, park_id, due):
-        raise ParkRefusedError(
-            f"thread {thread_id!r} has no stored checkpoint to park on yet (a run with "
-            "durability='exit' stores nothing before its end); run with durability 'sync' or 'async'",
-            context={"thread_id": thread_id},
-        )
+    saver.record_park(thread_id, park_id, due, config=config)
     answer = interrupt(question)
     saver.clear_park(thread_id, park_id)
     return answer

@@ -42,6 +42,7 @@ from threadkeep.core.records import (
 )
 from threadkeep.core.retention import (
     ExpiredThread,
+    Park,
     PlatformRetention,
     SweepPage,
     ThreadRetention,
@@ -121,7 +122,7 @@ class Backend(Protocol):
 
     def threads_named(self, thread_ids: Sequence[str]) -> Program[list[ExpiredThread]]: ...
 
-    def record_park(self, thread_id: str, park_id: str, deadline: float) -> Program[bool]: ...
+    def record_park(self, park: Park) -> Program[None]: ...
 
     def clear_park(self, thread_id: str, park_id: str) -> Program[None]: ...
 
@@ -449,9 +450,18 @@ class ThreadkeepSaver(BaseCheckpointSaver[str]):
         ``None`` if the store does not hold the thread."""
         return self._run(lambda: self.backend.thread_retention(str(thread_id)))
 
-    def record_park(self, thread_id: str, park_id: str, deadline: float) -> bool:
-        """Record a live park until ``deadline`` (epoch seconds); see :func:`threadkeep.ask`."""
-        return self._run(lambda: self.backend.record_park(str(thread_id), park_id, deadline), write=True)
+    def record_park(
+        self, thread_id: str, park_id: str, deadline: float, *, config: RunnableConfig | None = None
+    ) -> None:
+        """Record a live park until ``deadline`` (epoch seconds), for the user ``config``
+        names; see :func:`threadkeep.ask`.
+
+        Raises:
+            StorageForbiddenError: the thread belongs to another user.
+        """
+        actor = self._actor_of(config)
+        park = Park(str(thread_id), park_id, deadline, actor.user_id, actor.owner_filter, self.clock())
+        self._run(lambda: self.backend.record_park(park), write=True)
 
     def clear_park(self, thread_id: str, park_id: str) -> None:
         """Remove a park once its question is answered."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import datetime as dt
 import operator
+import time
 from typing import Annotated, Any, TypedDict
 
 import pytest
@@ -356,6 +357,36 @@ def test_rt5_a_live_park_is_recorded_and_cleared_on_resolve(open_saver: Opener) 
     result = graph.invoke(Command(resume="yes"), cfg("p"))
     assert result["log"] == ["step", "yes"]
     assert saver.live_parks(["p"], clock()) == set()
+
+
+def _late_first_call(method: Any) -> Any:
+    calls = 0
+
+    def late(*args: Any, **kwargs: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            time.sleep(0.5)
+        return method(*args, **kwargs)
+
+    return late
+
+
+@pytest.mark.providers(*PARKING)
+def test_rt5_a_park_may_land_before_the_threads_first_checkpoint(open_saver: Opener) -> None:
+    # LangGraph's default durability ("async") writes a step's checkpoint while the next
+    # step runs: ask() may record its park before the thread's first put has landed.
+    clock = Clock()
+    saver = open_saver(clock=clock)
+    for name in ("put", "put_writes"):  # the thread's first put and first writes land late
+        setattr(saver, name, _late_first_call(getattr(saver, name)))
+    graph = asking_graph(saver, deadline=T0 + 60 * MINUTE)
+    with user_scope("alice"):
+        graph.invoke({"log": []}, {"configurable": {"thread_id": "early", "user_id": "alice"}})
+        assert saver.live_parks(["early"], clock()) == {"early"}
+        assert saver.get_tuple(cfg("early")) is not None
+    with pytest.raises(StorageForbiddenError):  # the park made the thread alice's
+        saver.record_park("early", "other", T0 + 10 * MINUTE, config={"configurable": {"user_id": "bob"}})
 
 
 @pytest.mark.providers(*PARKING)

@@ -16,6 +16,7 @@ from threadkeep.errors import ThreadRetentionError
 __all__ = [
     "ExpiredThread",
     "Horizon",
+    "Park",
     "PlatformRetention",
     "SweepPage",
     "ThreadRetention",
@@ -109,6 +110,23 @@ class SweepPage:
     after: int = 0
     spared: int = 0
     limit: int = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class Park:
+    """A run parked on a question (SPEC RT5): live until ``deadline`` (epoch seconds).
+
+    ``user`` is who parks it: the owner of a thread the park creates (the thread's first
+    checkpoint may still be on its way), and whose thread it must be under isolation
+    (``required_owner``, ``None``: any).
+    """
+
+    thread_id: str
+    park_id: str
+    deadline: float
+    user: str
+    required_owner: str | None
+    now: float
 
 
 @dataclass(frozen=True, slots=True)

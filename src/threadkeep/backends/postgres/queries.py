@@ -479,7 +479,8 @@ THREADS_NAMED = "SELECT tid, thread_id, owner FROM tk_threads WHERE thread_id IN
 
 RECORD_PARK = """
 INSERT INTO tk_parks (tid, park_id, deadline)
-SELECT tid, %(park_id)s, %(deadline)s FROM tk_threads WHERE thread_id = %(thread_id)s
+SELECT tid, %(park_id)s, %(deadline)s FROM tk_threads
+WHERE thread_id = %(thread_id)s AND (%(required_owner)s::text IS NULL OR owner = %(required_owner)s::text)
 ON CONFLICT (tid, park_id) DO UPDATE SET deadline = EXCLUDED.deadline
 RETURNING tid
 """

@@ -18,7 +18,7 @@ from threadkeep.core.identity import Actor
 from threadkeep.core.messages import ContentCache
 from threadkeep.core.program import Program
 from threadkeep.core.records import ListQuery, PutStep, Target, WritesStep
-from threadkeep.core.retention import ExpiredThread, SweepPage, ThreadRetention
+from threadkeep.core.retention import ExpiredThread, Park, SweepPage, ThreadRetention
 from threadkeep.core.retry import RetryPolicy
 from threadkeep.errors import ConfigurationError, MissingExtraError
 from threadkeep.providers import FACTS, SaverOptions, register_provider, saver_kwargs
@@ -115,8 +115,8 @@ class RedisBackend:
     def threads_named(self, thread_ids: Sequence[str]) -> Program[list[ExpiredThread]]:
         return self._programs.threads_named(self.space, thread_ids)
 
-    def record_park(self, thread_id: str, park_id: str, deadline: float) -> Program[bool]:
-        return self._programs.record_park(self.space, thread_id, park_id, deadline)
+    def record_park(self, park: Park) -> Program[None]:
+        return self._programs.record_park(self.space, park, self.ttl_ms)
 
     def clear_park(self, thread_id: str, park_id: str) -> Program[None]:
         return self._programs.clear_park(self.space, thread_id, park_id)

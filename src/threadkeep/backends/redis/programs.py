@@ -30,7 +30,7 @@ from threadkeep.core.records import (
     decode_structure,
     matches_filter,
 )
-from threadkeep.core.retention import ExpiredThread, SweepPage, ThreadRetention
+from threadkeep.core.retention import ExpiredThread, Park, SweepPage, ThreadRetention
 from threadkeep.core.rules import required_head, required_owner
 from threadkeep.errors import (
     CheckpointDeleteError,
@@ -647,12 +647,25 @@ def threads_named(space: KeySpace, thread_ids: Sequence[str]) -> Program[list[Ex
     return found
 
 
-def record_park(space: KeySpace, thread_id: str, park_id: str, deadline: float) -> Program[bool]:
-    return bool((yield Script("park", space.thread(thread_id), ["set", park_id, deadline])))
+def record_park(space: KeySpace, park: Park, ttl_ms: int) -> Program[None]:
+    """Record a live park, creating the thread for its user if its first checkpoint is still
+    on its way (as put.lua would)."""
+    args = [
+        "set",
+        park.park_id,
+        park.deadline,
+        park.thread_id,
+        park.user,
+        park.now,
+        park.required_owner or "",
+    ]
+    reply = yield Script("park", space.thread(park.thread_id), [*args, ttl_ms])
+    if reply[0] == b"forbidden":
+        raise StorageForbiddenError(park.thread_id, park.user)
 
 
 def clear_park(space: KeySpace, thread_id: str, park_id: str) -> Program[None]:
-    yield Script("park", space.thread(thread_id), ["clear", park_id, 0])
+    yield Script("park", space.thread(thread_id), ["clear", park_id])
 
 
 def live_parks(space: KeySpace, thread_ids: Sequence[str], now: float) -> Program[set[str]]:

@@ -19,7 +19,7 @@ from threadkeep.core.identity import Actor
 from threadkeep.core.messages import ContentCache
 from threadkeep.core.program import Engine, Program
 from threadkeep.core.records import ListQuery, PutStep, StoredCheckpoint, Target, WritesStep
-from threadkeep.core.retention import ExpiredThread, SweepPage, ThreadRetention
+from threadkeep.core.retention import ExpiredThread, Park, SweepPage, ThreadRetention
 
 __all__ = ["Migration", "SqlBackend", "load_migrations"]
 
@@ -156,8 +156,8 @@ class SqlBackend:
     def threads_named(self, thread_ids: Sequence[str]) -> Program[list[ExpiredThread]]:
         return programs.threads_named(self.dialect, thread_ids)
 
-    def record_park(self, thread_id: str, park_id: str, deadline: float) -> Program[bool]:
-        return programs.record_park(self.dialect, thread_id, park_id, deadline)
+    def record_park(self, park: Park) -> Program[None]:
+        return programs.record_park(self.dialect, park)
 
     def clear_park(self, thread_id: str, park_id: str) -> Program[None]:
         return programs.clear_park(self.dialect, thread_id, park_id)

@@ -26,7 +26,7 @@ from threadkeep.core.records import (
     decode_structure,
     matches_filter,
 )
-from threadkeep.core.retention import ExpiredThread, SweepPage, ThreadRetention
+from threadkeep.core.retention import ExpiredThread, Park, SweepPage, ThreadRetention
 from threadkeep.core.rules import check_head, check_owner, required_owner
 from threadkeep.errors import CheckpointSerializationError, CheckpointStoreFormatError
 
@@ -730,10 +730,22 @@ def threads_named(q: SqlDialect, thread_ids: Sequence[str]) -> Program[list[Expi
     return [ExpiredThread(int(tid), thread_id, owner) for tid, thread_id, owner in rows]
 
 
-def record_park(q: SqlDialect, thread_id: str, park_id: str, deadline: float) -> Program[bool]:
-    """Record a live park; ``False`` if the thread does not exist."""
-    rows = yield Sql(q.RECORD_PARK, {"thread_id": thread_id, "park_id": park_id, "deadline": deadline})
-    return bool(rows)
+def record_park(q: SqlDialect, park: Park) -> Program[None]:
+    """Record a live park. The thread's first checkpoint may still be on its way (LangGraph's
+    default durability writes it while the next step runs): the park then creates the
+    thread for its user, as that put would have."""
+    params = {
+        "thread_id": park.thread_id,
+        "park_id": park.park_id,
+        "deadline": park.deadline,
+        "required_owner": park.required_owner,
+    }
+    if (yield Sql(q.RECORD_PARK, params)):
+        return
+    yield Sql(q.INSERT_THREAD, {"thread_id": park.thread_id, "owner": park.user, "now": park.now})
+    if not (yield Sql(q.RECORD_PARK, params)):
+        ((owner,),) = yield Sql(q.THREAD_OWNER, {"thread_id": park.thread_id})
+        check_owner(thread_id=park.thread_id, owner=owner, user_id=park.user, enforce=True)
 
 
 def clear_park(q: SqlDialect, thread_id: str, park_id: str) -> Program[None]:

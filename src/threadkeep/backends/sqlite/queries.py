@@ -416,7 +416,8 @@ THREADS_NAMED = "SELECT tid, thread_id, owner FROM tk_threads WHERE thread_id IN
 
 RECORD_PARK = """
 INSERT INTO tk_parks (tid, park_id, deadline)
-SELECT tid, :park_id, :deadline FROM tk_threads WHERE thread_id = :thread_id
+SELECT tid, :park_id, :deadline FROM tk_threads
+WHERE thread_id = :thread_id AND (:required_owner IS NULL OR owner = :required_owner)
 ON CONFLICT (tid, park_id) DO UPDATE SET deadline = excluded.deadline
 RETURNING tid
 """

@@ -34,7 +34,7 @@ from threadkeep.core.identity import Actor
 from threadkeep.core.messages import ContentCache
 from threadkeep.core.program import Program
 from threadkeep.core.records import ListQuery, PutStep, Target, WritesStep
-from threadkeep.core.retention import ExpiredThread, SweepPage, ThreadRetention
+from threadkeep.core.retention import ExpiredThread, Park, SweepPage, ThreadRetention
 from threadkeep.errors import StaleStateError
 from threadkeep.metrics import CACHE_EVENTS, Metrics
 
@@ -222,9 +222,8 @@ class TieredBackend:
         found = yield Durable(lambda: self.durable.threads_named(thread_ids))
         return found  # type: ignore[no-any-return]
 
-    def record_park(self, thread_id: str, park_id: str, deadline: float) -> Program[bool]:
-        recorded = yield Durable(lambda: self.durable.record_park(thread_id, park_id, deadline), write=True)
-        return bool(recorded)
+    def record_park(self, park: Park) -> Program[None]:
+        yield Durable(lambda: self.durable.record_park(park), write=True)
 
     def clear_park(self, thread_id: str, park_id: str) -> Program[None]:
         yield Durable(lambda: self.durable.clear_park(thread_id, park_id), write=True)

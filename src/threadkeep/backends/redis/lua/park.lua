@@ -1,15 +1,20 @@
 -- park.lua: record or clear a live park of a thread (SPEC RT5). A park lives in the thread's
 -- hash, so it shares the thread's TTL and leaves with the thread.
 -- KEYS: the nine keys of the thread (see _prelude.lua).
--- ARGV[1] "set" or "clear"   ARGV[2] park id   ARGV[3] deadline (s, for "set")
--- Returns 1, or 0 when "set" finds no thread.
+-- ARGV[1] "set" or "clear"   ARGV[2] park id
+-- for "set": ARGV[3] deadline (s)   ARGV[4] thread id   ARGV[5] user   ARGV[6] now (s)
+--            ARGV[7] required owner ("" any)   ARGV[8] the waiting retention (ms)
+-- Returns {"ok"} or {"forbidden", owner}. "set" creates the thread for its user when its
+-- first checkpoint is still on its way, as put.lua would.
 local field = "park" .. NUL .. ARGV[2]
 if ARGV[1] == "clear" then
     redis.call("HDEL", KEYS[1], field)
-    return 1
+    return {"ok"}
 end
-if redis.call("HEXISTS", KEYS[1], "owner") == 0 then
-    return 0
+local owner = own(ARGV[4], ARGV[5], ARGV[6])
+if ARGV[7] ~= "" and owner ~= ARGV[7] then
+    return {"forbidden", owner}
 end
 redis.call("HSET", KEYS[1], field, ARGV[3])
-return 1
+touch(ARGV[8])
+return {"ok"}
