@@ -84,13 +84,15 @@ class _Service:
         self.metrics = metrics
         self._given = saver
         self._saver = saver
-        # Held while the saver is opened, swept with, or replaced: a settings write waits
-        # for a running sweep instead of closing its store under it.
-        self.lock = threading.RLock()
+        # `_opening` guards the lazy open; `_sweeping` is held by a sweep, and by a settings
+        # write so that it waits for a running sweep instead of closing the store under it.
+        # Health checks take neither for longer than an open: they answer during a sweep.
+        self._opening = threading.Lock()
+        self._sweeping = threading.Lock()
 
     @property
     def saver(self) -> ThreadkeepSaver:
-        with self.lock:
+        with self._opening:
             if self._saver is None:
                 self._saver = open_checkpointer(settings=self.settings)
             return self._saver
@@ -100,11 +102,11 @@ class _Service:
         self.saver.backend.check()
 
     def sweep(self, dry_run: bool) -> dict[str, Any]:
-        with self.lock:
+        with self._sweeping:
             return sweep_checkpoints(self.saver, dry_run=dry_run, metrics=self.metrics).to_dict()
 
     def replace_settings(self, settings: Settings) -> None:
-        with self.lock:
+        with self._sweeping, self._opening:
             old, self._saver = self._saver, None
             self.settings, self.keys = settings, parse_api_keys(settings.api_keys)
             if old is not None and old is not self._given:
@@ -112,7 +114,7 @@ class _Service:
             self._given = None
 
     def close(self) -> None:
-        with self.lock:
+        with self._sweeping, self._opening:
             if self._saver is not None and self._saver is not self._given:
                 self._saver.close()
             self._saver = None

@@ -183,13 +183,12 @@ class _Sweep:
         progress: Callable[[SweepResult, int], None] | None,
         metrics: Metrics,
     ) -> None:
-        self.saver, self.now, self.dry_run, self.progress, self.metrics = (
-            saver,
-            now,
-            dry_run,
-            progress,
-            metrics,
-        )
+        self.saver = saver
+        self.now = now
+        self.dry_run = dry_run
+        self.progress = progress
+        self.metrics = metrics
+        self.total = 0  # threads the sweep expects to visit (counted only for a progress report)
         self.result = SweepResult(
             provider=saver.facts.name,
             waiting_minutes=saver.retention.waiting_minutes,
