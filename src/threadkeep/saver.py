@@ -75,6 +75,9 @@ class ProviderFacts:
 class Backend(Protocol):
     """The storage operations of one store, as program factories run on its engine."""
 
+    # Whether the store keeps a pending write of messages as their digests (SPEC S1).
+    messages_by_reference: bool
+
     @property
     def engine(self) -> Engine: ...
 
@@ -225,6 +228,7 @@ class ThreadkeepSaver(BaseCheckpointSaver[str]):
             isolate=self.enforce_user_isolation,
             history_limit=self.state_history_limit,
             now=self.clock(),
+            by_reference=self.backend.messages_by_reference,
         )
         return lambda: self.backend.put_writes(step)
 

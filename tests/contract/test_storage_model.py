@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from langchain_core.messages import AIMessage, HumanMessage, RemoveMessage
+from langchain_core.messages import AIMessage, HumanMessage, RemoveMessage, ToolMessage
 from langgraph.graph import END, START, MessagesState, StateGraph
 
 from tests.providers import Opener
@@ -85,6 +85,39 @@ def test_s1_a_fork_stores_only_what_differs(saver: Any) -> None:
     graph.invoke({"messages": [HumanMessage("a different second question")]}, first_turn_end.config)
     # the fork shares the first turn's messages; only its own turn is new
     assert saver.stats()["messages"] == stored + MESSAGES_PER_TURN
+
+
+def test_s1_messages_a_task_writes_read_back_exactly_and_are_stored_once(open_saver: Opener) -> None:
+    from langgraph.checkpoint.base import empty_checkpoint
+
+    saver = open_saver()
+    first = empty_checkpoint()
+    stored = saver.put(cfg("w"), first, {"source": "input", "step": -1}, {})
+    listed = [
+        AIMessage("calling", id="a1", tool_calls=[{"name": "f", "args": {"x": 1}, "id": "c1"}]),
+        ToolMessage("result", tool_call_id="c1", id="t1"),
+    ]
+    single = AIMessage("done", id="a2")
+    unnamed = [HumanMessage("no id yet")]  # add_messages will give it one: stored whole
+    writes = [("messages", listed), ("messages", single), ("messages", unnamed), ("other", [single])]
+    saver.put_writes(stored, writes, task_id="task")
+
+    # a second saver on the same store reads with nothing cached (memory: one saver, one store)
+    reader = open_saver() if saver.facts.survives_restart else saver
+    for found in (reader.get_tuple(stored), next(iter(reader.list(stored))), saver.get_tuple(stored)):
+        assert found is not None
+        assert found.pending_writes == [("task", channel, value) for channel, value in writes]
+        assert type(found.pending_writes[1][2]) is AIMessage  # a single message stays single
+        assert found.pending_writes[0][2][0].tool_calls == listed[0].tool_calls
+
+    # the next checkpoint's history holds the written messages: each is stored once
+    second = empty_checkpoint()
+    second["channel_values"] = {"messages": [*listed, single]}
+    second["channel_versions"] = {"messages": saver.get_next_version(None, None)}
+    saver.put(stored, second, {"source": "loop", "step": 0}, dict(second["channel_versions"]))
+    assert saver.stats()["messages"] == 3
+    reread = open_saver() if saver.facts.survives_restart else saver
+    assert reread.get_tuple(cfg("w")).checkpoint["channel_values"]["messages"] == [*listed, single]
 
 
 def test_s2_unchanged_channels_are_not_stored_again(saver: Any) -> None:

@@ -151,6 +151,11 @@ class ContentCache:
             self._lists.move_to_end(tail)
             return out  # type: ignore[return-value]
 
+    def payload(self, digest: bytes) -> tuple[str, bytes] | None:
+        """The (type, payload) of the message stored under ``digest``, if this cache holds it."""
+        with self._guard:
+            return self._payloads.get(digest)
+
     def keep(self, tail: bytes, messages: Sequence[tuple[bytes, str, bytes]], thread_id: str = "") -> None:
         """Remember the list ending at ``tail`` and the payloads of its messages."""
         self._keep(tail, tuple(digest for digest, _, _ in messages), messages, thread_id)

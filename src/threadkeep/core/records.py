@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any, Final, cast
 
+from langchain_core.messages import BaseMessage
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import (
     WRITES_IDX_MAP,
@@ -31,6 +32,7 @@ from threadkeep.core.messages import (
     EncodingMemo,
     MessageChain,
     chain_ref,
+    digest_of,
     is_message_list,
     parse_chain_ref,
 )
@@ -39,6 +41,7 @@ from threadkeep.errors import CheckpointSerializationError
 
 __all__ = [
     "EMPTY_TYPE",
+    "REFS_TYPES",
     "BlobRow",
     "ListQuery",
     "PutStep",
@@ -56,6 +59,13 @@ __all__ = [
 ]
 
 EMPTY_TYPE: Final = "empty"
+# A pending write of messages stored by reference (SPEC S1): its value is the 16-byte
+# digests of its messages, which the store keeps once per thread with the message lists.
+# "refs" is a list of messages, "ref" a single message.
+REFS_TYPE: Final = "refs"
+REF_TYPE: Final = "ref"
+REFS_TYPES: Final = frozenset({REFS_TYPE, REF_TYPE})
+_DIGEST_BYTES: Final = 16
 # Checkpoint structure and metadata are always written with the faithful codec, whatever
 # codec stores channel values: they must stay readable and filterable as JSON.
 STRUCTURE: Final = FaithfulCodec()
@@ -236,12 +246,16 @@ def prepare_put(
 
 @dataclass(frozen=True, slots=True)
 class WriteRow:
+    """One pending write, encoded. A write of messages by reference (type ``ref``/``refs``)
+    carries the (digest, type, payload) of each message it refers to, to store with it."""
+
     task_id: str
     idx: int
     task_path: str
     channel: str
     type: str
     value: bytes
+    messages: tuple[tuple[bytes, str, bytes], ...] = ()
 
     @property
     def special(self) -> bool:
@@ -267,8 +281,16 @@ def prepare_writes(
     isolate: bool,
     history_limit: int | None,
     now: float,
+    by_reference: bool = False,
 ) -> WritesStep:
-    """Encode a ``put_writes``; each write keyed as LangGraph's ``WRITES_IDX_MAP`` says."""
+    """Encode a ``put_writes``; each write keyed as LangGraph's ``WRITES_IDX_MAP`` says.
+
+    With ``by_reference`` (a store that keeps messages once per thread), a write of a
+    message, or of a list of messages, is stored as their digests (SPEC S1): the same
+    messages enter the thread's history at the next put, and are then stored only once.
+    Only messages that have an id are: ``add_messages`` gives an id-less message one when
+    it applies the write, so its stored form would not be the history's.
+    """
     target = target_of(config, isolate=isolate)
     if target.checkpoint_id is None:
         raise CheckpointSerializationError(
@@ -277,11 +299,30 @@ def prepare_writes(
         )
     rows = []
     for position, (channel, value) in enumerate(writes):
-        kind, payload = _encode(serde, value, f"writes[{position}].{channel}")
-        rows.append(
-            WriteRow(task_id, WRITES_IDX_MAP.get(channel, position), task_path, channel, kind, payload)
-        )
+        idx = WRITES_IDX_MAP.get(channel, position)
+        path = f"writes[{position}].{channel}"
+        single = isinstance(value, BaseMessage)
+        messages = [value] if single else value
+        if by_reference and (single or is_message_list(value)) and all(m.id is not None for m in messages):
+            encoded = []
+            for index, message in enumerate(messages):
+                kind, payload = _encode(serde, message, path if single else f"{path}[{index}]")
+                encoded.append((digest_of(kind, payload), kind, payload))
+            refs = b"".join(digest for digest, _, _ in encoded)
+            rows.append(
+                WriteRow(
+                    task_id, idx, task_path, channel, REF_TYPE if single else REFS_TYPE, refs, tuple(encoded)
+                )
+            )
+            continue
+        kind, payload = _encode(serde, value, path)
+        rows.append(WriteRow(task_id, idx, task_path, channel, kind, payload))
     return WritesStep(target, tuple(rows), now, history_limit)
+
+
+def split_refs(value: bytes) -> list[bytes]:
+    """The digests a ``ref``/``refs`` write holds, in order."""
+    return [value[i : i + _DIGEST_BYTES] for i in range(0, len(value), _DIGEST_BYTES)]
 
 
 def decode_value(serde: SerializerProtocol, kind: str, payload: bytes, path: str) -> Any:
@@ -355,6 +396,8 @@ class StoredCheckpoint:
         values: (channel, type, stored value) of each channel of the checkpoint.
         writes: (task_path, task_id, idx, channel, type, stored value) of its pending writes.
         key: The store's own key of the thread (SQL: ``tid``), when it has one.
+        messages: (type, stored value) by digest of the messages its ``ref``/``refs``
+            writes refer to, as read back.
     """
 
     thread_id: str
@@ -367,10 +410,20 @@ class StoredCheckpoint:
     values: list[tuple[str, str, bytes]] = field(default_factory=list)
     writes: list[tuple[str, str, int, str, str, bytes]] = field(default_factory=list)
     key: int = 0
+    messages: dict[bytes, tuple[str, bytes]] = field(default_factory=dict)
 
     def chains(self) -> list[tuple[bytes, int]]:
         """The (tail, length) of every message list this checkpoint refers to."""
         return [parse_chain_ref(value) for _, vtype, value in self.values if vtype == CHAIN_TYPE]
+
+    def referenced(self) -> set[bytes]:
+        """The digests of the messages its pending writes refer to."""
+        return {
+            digest
+            for _, _, _, _, vtype, value in self.writes
+            if vtype in REFS_TYPES
+            for digest in split_refs(value)
+        }
 
     def missing_channels(self) -> list[str]:
         """Channels the structure names that have no stored value (a store that lost keys)."""
@@ -409,17 +462,36 @@ class StoredCheckpoint:
             history_limit=None,
         )
 
-    def as_writes_step(self, actor: Actor, now: float) -> WritesStep:
-        """The put_writes that would store this checkpoint's pending writes, as stored."""
+    def as_writes_step(self, actor: Actor, now: float, serde: SerializerProtocol) -> WritesStep:
+        """The put_writes that would store this checkpoint's pending writes, as stored; a
+        write of messages by reference is stored whole (re-encoded with ``serde``)."""
+        rows = []
+        for path, task_id, idx, channel, vtype, value in self.writes:
+            stored = (vtype, value)
+            if vtype in REFS_TYPES:
+                stored = _encode(serde, self._referenced_value(serde, vtype, value, channel), channel)
+            rows.append(WriteRow(task_id, idx, path, channel, *stored))
         return WritesStep(
-            Target(self.thread_id, self.checkpoint_ns, self.checkpoint_id, actor),
-            tuple(
-                WriteRow(task_id, idx, path, channel, vtype, value)
-                for path, task_id, idx, channel, vtype, value in self.writes
-            ),
-            now,
-            None,
+            Target(self.thread_id, self.checkpoint_ns, self.checkpoint_id, actor), tuple(rows), now, None
         )
+
+    def _referenced_value(self, serde: SerializerProtocol, vtype: str, value: bytes, channel: str) -> Any:
+        """The message (``ref``) or messages (``refs``) a write by reference holds."""
+        path = f"pending_writes.{channel}"
+        messages = []
+        for i, digest in enumerate(split_refs(value)):
+            if digest not in self.messages:
+                raise CheckpointSerializationError(
+                    f"a pending write refers to message {digest.hex()}, which is not stored", path=path
+                )
+            kind, payload = self.messages[digest]
+            messages.append(decode_value(serde, kind, payload, f"{path}[{i}]"))
+        return messages[0] if vtype == REF_TYPE else messages
+
+    def _write_value(self, serde: SerializerProtocol, vtype: str, value: bytes, channel: str) -> Any:
+        if vtype in REFS_TYPES:
+            return self._referenced_value(serde, vtype, value, channel)
+        return decode_value(serde, vtype, value, f"pending_writes.{channel}")
 
     def to_tuple(
         self, serde: SerializerProtocol, lists: Mapping[bytes, Sequence[tuple[str, bytes]]]
@@ -447,7 +519,7 @@ class StoredCheckpoint:
             metadata=self.metadata,
             channel_values=values,
             pending_writes=[
-                (task_id, channel, decode_value(serde, vtype, value, f"pending_writes.{channel}"))
+                (task_id, channel, self._write_value(serde, vtype, value, channel))
                 for _, task_id, _, channel, vtype, value in sorted(self.writes, key=lambda w: w[:3])
             ],
             branch=self.branch,

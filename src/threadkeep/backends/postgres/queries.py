@@ -54,6 +54,12 @@ PROBE_LINKS = (
     + ")"
 )
 
+# Messages of a thread by digest (those its pending writes refer to), PROBE_WIDTH at a time.
+SELECT_MESSAGES = (
+    "SELECT digest, type, value FROM tk_messages WHERE tid = %(tid)s AND digest IN ("
+    + ", ".join(f"%(d{i})s" for i in range(PROBE_WIDTH))
+    + ")"
+)
 
 UPSERT_CHECKPOINT = """
 INSERT INTO tk_checkpoints
@@ -146,6 +152,18 @@ WHERE t.thread_id = %(thread_id)s
 """
 
 _MANY["write"] = _WRITES + "ON CONFLICT DO NOTHING"
+
+# The messages a task's writes refer to, stored with the thread's others, under the same
+# owner rule as the writes.
+_MANY["write_message"] = """
+INSERT INTO tk_messages (tid, digest, type, value)
+SELECT t.tid, m.digest, m.type, m.value
+FROM tk_threads AS t,
+     unnest(%(digest)s::bytea[], %(type)s::text[], %(value)s::bytea[]) AS m (digest, type, value)
+WHERE t.thread_id = %(thread_id)s
+  AND (%(required_owner)s::text IS NULL OR t.owner = %(required_owner)s::text)
+ON CONFLICT DO NOTHING
+"""
 _MANY["special_write"] = (
     _WRITES
     + """ON CONFLICT (tid, checkpoint_ns, checkpoint_id, task_id, idx) DO UPDATE SET
@@ -157,9 +175,10 @@ _MANY["special_write"] = (
 
 # A checkpoint, its channel values, its pending writes and (with %(walk)s) the messages of
 # its message lists, in one statement, if the caller may see the thread. Rows: kind 0 the
-# checkpoint, 1 a channel value, 2 a pending write, 3 a message; columns: kind, tid,
-# checkpoint_id, parent_id, checkpoint, metadata, channel, type, value, task_id, task_path,
-# idx, tail, digest (kind 3: idx is the depth from the tail, tail the list's tail node).
+# checkpoint, 1 a channel value, 2 a pending write, 3 a message of a list, 4 a message a
+# pending write refers to; columns: kind, tid, checkpoint_id, parent_id, checkpoint,
+# metadata, channel, type, value, task_id, task_path, idx, tail, digest (kind 3: idx is the
+# depth from the tail, tail the list's tail node).
 #
 # The shape keeps every plan an index probe per row, statistics or not: the thread's tid is
 # an InitPlan (so the newest checkpoint is a backward index scan), and each channel value,
@@ -210,6 +229,19 @@ SELECT 3, NULL, NULL, NULL, NULL, NULL, NULL, message.type, message.value,
 FROM walk CROSS JOIN cp CROSS JOIN LATERAL (
     SELECT m.type, m.value FROM tk_messages AS m
     WHERE m.tid = cp.tid AND m.digest = walk.digest LIMIT 1
+) AS message
+UNION ALL
+SELECT 4, NULL, NULL, NULL, NULL, NULL, NULL, message.type, message.value,
+       NULL, NULL, NULL, NULL, ref.digest
+FROM cp JOIN tk_writes AS w ON w.tid = cp.tid AND w.checkpoint_ns = %(checkpoint_ns)s
+    AND w.checkpoint_id = cp.checkpoint_id AND w.type IN ('ref', 'refs')
+CROSS JOIN LATERAL (
+    SELECT substring(w.value FROM i * 16 + 1 FOR 16) AS digest
+    FROM generate_series(0, octet_length(w.value) / 16 - 1) AS i
+) AS ref
+CROSS JOIN LATERAL (
+    SELECT m.type, m.value FROM tk_messages AS m
+    WHERE m.tid = cp.tid AND m.digest = ref.digest LIMIT 1
 ) AS message
 """
 

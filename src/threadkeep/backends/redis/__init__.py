@@ -43,6 +43,10 @@ class RedisBackend:
         ttl_ms: The waiting retention every write gives the thread's keys (SPEC R2).
     """
 
+    # A write's messages are stored whole: a step is one script, and the thread's messages
+    # are shared only by its message lists.
+    messages_by_reference = False
+
     def __init__(self, engine: RedisEngine, space: KeySpace, ttl_ms: int) -> None:
         from threadkeep.backends.redis import programs
 

@@ -73,6 +73,9 @@ class SqlBackend:
         migrations: The store's schema, as numbered migrations.
     """
 
+    # Messages written by a task are stored once, with the thread's message lists.
+    messages_by_reference = True
+
     def __init__(self, engine: Engine, dialect: SqlDialect, migrations: Sequence[Migration]) -> None:
         self.engine = engine
         self.dialect = dialect

@@ -78,6 +78,7 @@ class SqlDialect(Protocol):
     THREAD_FOR_WRITE: str
     THREAD_FOR_READ: str
     PROBE_LINKS: str
+    SELECT_MESSAGES: str
     UPSERT_CHECKPOINT: str
     DELETE_CHECKPOINTS_BEYOND: str
     DELETE_WRITES_BEYOND: str
@@ -124,9 +125,10 @@ class SqlDialect(Protocol):
     def text_list(self, items: list[str]) -> object: ...
 
     def many(self, kind: str, common: dict[str, object], rows: list[dict[str, object]]) -> Sql | SqlMany:
-        """Insert ``rows`` of ``kind`` (``message``, ``link``, ``blob``, ``write`` or
-        ``special_write``), each with the ``common`` parameters: one statement per row, or
-        one statement for them all where the dialect can (Postgres arrays)."""
+        """Insert ``rows`` of ``kind`` (``message``, ``link``, ``blob``, ``write``,
+        ``special_write`` or ``write_message``), each with the ``common`` parameters: one
+        statement per row, or one statement for them all where the dialect can (Postgres
+        arrays)."""
         ...
 
     def metadata_filter(self, wanted: object) -> object: ...
@@ -285,8 +287,15 @@ def put_writes(q: SqlDialect, step: WritesStep) -> Program[None]:
         "offset": None if step.history_limit is None else step.history_limit - 1,
     }
     requests: list[Sql | SqlMany] = [Sql(q.THREAD_OWNER, {"thread_id": target.thread_id})]
+    # Messages go first: a write never refers to a message that is not stored yet.
+    messages = {digest: (kind, payload) for write in step.rows for digest, kind, payload in write.messages}
+    if messages:
+        stored: list[dict[str, object]] = [
+            {"digest": digest, "type": kind, "value": payload} for digest, (kind, payload) in messages.items()
+        ]
+        requests.append(q.many("write_message", common, stored))
     for kind, special in (("write", False), ("special_write", True)):
-        rows = [
+        rows: list[dict[str, object]] = [
             {
                 "task_id": write.task_id,
                 "idx": write.idx,
@@ -355,6 +364,8 @@ def _stored(
             stored.values.append((channel, vtype, bytes(value)))
         elif kind == 2:
             stored.writes.append((path, task_id, idx, channel, vtype, bytes(value)))
+        elif kind == 4:
+            stored.messages[bytes(digest)] = (vtype, bytes(value))
         else:
             walked.setdefault(bytes(tail), []).append((idx, bytes(digest), vtype, bytes(value)))
     return stored, walked
@@ -390,6 +401,36 @@ def _message_lists(
         for (thread_id, tail, count), rows in zip(walks, results, strict=True):
             lists[tail] = _walked_list(content, thread_id, tail, count, rows)
     return lists
+
+
+def _referenced_messages(
+    q: SqlDialect, content: ContentCache, states: Sequence[StoredCheckpoint]
+) -> Program[None]:
+    """Fill in the messages the states' pending writes refer to that the state statement did
+    not return: from the content cache, else from the store, all reads in one batch."""
+    wanted: list[tuple[StoredCheckpoint, list[bytes]]] = []
+    for state in states:
+        missing = []
+        for digest in state.referenced() - state.messages.keys():
+            cached = content.payload(digest)
+            if cached is None:
+                missing.append(digest)
+            else:
+                state.messages[digest] = cached
+        for start in range(0, len(missing), q.PROBE_WIDTH):
+            wanted.append((state, missing[start : start + q.PROBE_WIDTH]))
+    if not wanted:
+        return
+    requests = []
+    for state, digests in wanted:
+        params: dict[str, object] = {"tid": state.key}
+        for i in range(q.PROBE_WIDTH):
+            params[f"d{i}"] = digests[min(i, len(digests) - 1)]
+        requests.append(Sql(q.SELECT_MESSAGES, params))
+    results = yield Batch(tuple(requests))
+    for (state, _), rows in zip(wanted, results, strict=True):
+        for digest, kind, payload in rows:
+            state.messages[bytes(digest)] = (kind, bytes(payload))
 
 
 def _walked_list(
@@ -428,6 +469,7 @@ def get_stored(
         target.thread_id, target.checkpoint_ns, rows, branch=target.checkpoint_id is not None
     )
     lists = yield from _message_lists(q, content, [state], walked)
+    yield from _referenced_messages(q, content, [state])
     return state, lists
 
 
@@ -501,6 +543,7 @@ def list_page(
         if state_rows  # deleted between the two statements of another page: skip it
     ]
     lists = yield from _message_lists(q, content, states)
+    yield from _referenced_messages(q, content, states)
     found = [state.to_tuple(serde, lists) for state in states]
     if not rows:
         return found, None

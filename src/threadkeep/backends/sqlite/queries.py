@@ -47,6 +47,12 @@ PROBE_LINKS = (
     "WHERE t.thread_id = :thread_id AND l.node IN (" + ", ".join(f":n{i}" for i in range(PROBE_WIDTH)) + ")"
 )
 
+SELECT_MESSAGES = (
+    "SELECT digest, type, value FROM tk_messages WHERE tid = :tid AND digest IN ("
+    + ", ".join(f":d{i}" for i in range(PROBE_WIDTH))
+    + ")"
+)
+
 INSERT_MESSAGE = """
 INSERT INTO tk_messages (tid, digest, type, value) VALUES (:tid, :digest, :type, :value)
 ON CONFLICT DO NOTHING
@@ -128,6 +134,13 @@ WHERE t.thread_id = :thread_id
 """
 
 INSERT_WRITE = _INSERT_WRITE + "ON CONFLICT DO NOTHING"
+
+INSERT_WRITE_MESSAGE = """
+INSERT INTO tk_messages (tid, digest, type, value)
+SELECT t.tid, :digest, :type, :value FROM tk_threads AS t
+WHERE t.thread_id = :thread_id AND (:required_owner IS NULL OR t.owner = :required_owner)
+ON CONFLICT DO NOTHING
+"""
 
 UPSERT_WRITE = (
     _INSERT_WRITE
@@ -331,6 +344,7 @@ _MANY = {
     "blob": UPSERT_BLOB,
     "write": INSERT_WRITE,
     "special_write": UPSERT_WRITE,
+    "write_message": INSERT_WRITE_MESSAGE,
 }
 
 

@@ -20,6 +20,7 @@ it is the same for everyone.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
+from functools import partial
 from typing import Any
 
 from langchain_core.runnables import RunnableConfig
@@ -54,6 +55,9 @@ class TieredBackend:
         metrics: Where hits, misses, skipped writes and cleared entries are counted.
         clock: Wall-clock seconds, for entries seeded after a miss.
     """
+
+    # The cache stores a task's writes as the durable tier is sent them: whole.
+    messages_by_reference = False
 
     def __init__(
         self,
@@ -143,7 +147,8 @@ class TieredBackend:
         stored, lists = found
         if user is not None:
             now = self.clock()
-            yield Cached(lambda: self.cache.seed(stored, lists, target.actor, user, now), "seed a state")
+            seed = partial(self.cache.seed, stored, lists, target.actor, user, now=now, serde=serde)
+            yield Cached(seed, "seed a state")
         return stored.to_tuple(serde, lists)  # type: ignore[no-any-return]
 
     def list_page(

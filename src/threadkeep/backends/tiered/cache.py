@@ -106,12 +106,14 @@ class StateCache:
         lists: Mapping[bytes, Sequence[tuple[str, bytes]]],
         actor: Actor,
         user: str,
+        *,
         now: float,
+        serde: SerializerProtocol,
     ) -> Program[str]:
         """Write a state read from Postgres after a miss, with its pending writes (T3)."""
         outcome = yield from self.store(stored.as_put_step(actor, lists, now), user, whole=True)
         if outcome == "ok" and stored.writes:
-            yield from self.store_writes(stored.as_writes_step(actor, now), user)
+            yield from self.store_writes(stored.as_writes_step(actor, now, serde), user)
         return outcome
 
     def load(
