@@ -434,7 +434,8 @@ class StoredCheckpoint:
         self, actor: Actor, lists: Mapping[bytes, Sequence[tuple[str, bytes]]], now: float
     ) -> PutStep:
         """The put that would store this checkpoint whole, from its stored forms (nothing is
-        encoded again): how the tiered provider seeds its cache after a miss."""
+        encoded again): how the tiered provider seeds its cache after a miss. A channel with
+        no stored value is empty (a SQL store keeps no row for one) and is written so."""
         versions = {
             channel: version_key(version)
             for channel, version in self.structure.get("channel_versions", {}).items()
@@ -446,6 +447,8 @@ class StoredCheckpoint:
                 tail, _ = parse_chain_ref(value)
                 chains.append(MessageChain.from_encoded(channel, versions[channel], lists[tail]))
             blobs.append(BlobRow(channel, versions[channel], vtype, value))
+        held = {blob.channel for blob in blobs}
+        blobs += [BlobRow(c, version, EMPTY_TYPE, b"") for c, version in versions.items() if c not in held]
         run_id = self.metadata.get("run_id")
         return PutStep(
             target=Target(self.thread_id, self.checkpoint_ns, self.parent_id, actor),

@@ -18,6 +18,7 @@ from threadkeep.core.identity import Actor
 from threadkeep.core.messages import ContentCache, MessageChain
 from threadkeep.core.program import Batch, Program, Sql, SqlMany
 from threadkeep.core.records import (
+    EMPTY_TYPE,
     ListQuery,
     PutStep,
     StoredCheckpoint,
@@ -176,14 +177,17 @@ def put(q: SqlDialect, step: PutStep) -> Program[RunnableConfig]:
     for chain, probed in zip(step.chains, results[1:], strict=True):
         known = yield from _stored_prefix(q, target.thread_id, chain.nodes, probed)
         rows.extend(_chain_rows(q, int(tid), chain, known))
-    if step.blobs:
+    # A channel emptied in this step (a consumed branch, say) gets no row: a version with no
+    # row in a transactional store can only be an empty channel.
+    blobs = [blob for blob in step.blobs if blob.type != EMPTY_TYPE]
+    if blobs:
         rows.append(
             q.many(
                 "blob",
                 {"tid": tid, "checkpoint_ns": ns},
                 [
                     {"channel": blob.channel, "version": blob.version, "type": blob.type, "value": blob.value}
-                    for blob in step.blobs
+                    for blob in blobs
                 ],
             )
         )
