@@ -18,6 +18,7 @@ from langchain_core.messages import HumanMessage
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 
 from threadkeep.codec import CompressingSerializer, FaithfulSerializer, build_serde, with_allowlist
+from threadkeep.codec.serde import compress
 from threadkeep.errors import CheckpointSerializationError
 
 
@@ -47,7 +48,7 @@ def test_c5_value_larger_than_the_threshold_is_stored_compressed_and_smaller() -
     plain_size = encoded_size(value)
     serde = build_serde("json", compress_threshold=plain_size - 1)
     kind, payload = serde.dumps_typed(value)
-    assert kind == "json+zlib"
+    assert kind == "json+zstd"
     assert len(payload) < plain_size
     assert serde.loads_typed((kind, payload)) == value
 
@@ -67,7 +68,7 @@ def test_c5_default_threshold_is_65536() -> None:
     small = {"k": "v" * 1000}
     assert build_serde("json").dumps_typed(small)[0] == "json"
     large = {"k": "v" * 70000}
-    assert build_serde("json").dumps_typed(large)[0] == "json+zlib"
+    assert build_serde("json").dumps_typed(large)[0] == "json+zstd"
 
 
 def test_c5_threshold_none_never_compresses() -> None:
@@ -88,21 +89,56 @@ def test_c5_reads_accept_both_forms_whatever_the_current_threshold(
 ) -> None:
     value = big_value()
     stored = build_serde("json", compress_threshold=writer_threshold).dumps_typed(value)
-    assert stored[0] == ("json+zlib" if writer_threshold == 16 else "json")
+    assert stored[0] == ("json+zstd" if writer_threshold == 16 else "json")
     assert build_serde("json", compress_threshold=reader_threshold).loads_typed(stored) == value
 
 
+def test_c5_values_earlier_versions_stored_zlib_compressed_still_read() -> None:
+    value = big_value()
+    stored = ("json+zlib", zlib.compress(FaithfulSerializer().dumps_typed(value)[1]))
+    for threshold in (None, 16, 65536):
+        assert build_serde("json", compress_threshold=threshold).loads_typed(stored) == value
+
+
+def test_c5_a_short_chat_message_compresses_well_with_the_dictionary() -> None:
+    message = HumanMessage("Where is my parcel?", id="5f0c4a7e-2f5b-4c1e-9a43-0d2b6f1e8c11")
+    plain = FaithfulSerializer().dumps_typed(message)[1]
+    kind, payload = build_serde("json", compress_threshold=16).dumps_typed(message)
+    assert kind == "json+zstd"
+    assert len(payload) < len(plain) * 0.75
+    assert build_serde("json").loads_typed((kind, payload)) == message
+
+
+def _zstd_frame(data: bytes) -> bytes:
+    return build_serde("json", compress_threshold=0).dumps_typed(data.decode())[1]
+
+
 @pytest.mark.parametrize(
-    "payload",
-    [b"not zlib at all", zlib.compress(b'{"a": 1}')[:-4], b""],
-    ids=["garbage", "truncated", "empty"],
+    ("kind", "payload"),
+    [
+        ("json+zstd", b"not zstd at all"),
+        ("json+zstd", _zstd_frame(b"a longer value, truncated")[:-4]),
+        ("json+zstd", b""),
+        ("json+zlib", b"not zlib at all"),
+        ("json+zlib", zlib.compress(b'{"a": 1}')[:-4]),
+    ],
+    ids=["zstd-garbage", "zstd-truncated", "zstd-empty", "zlib-garbage", "zlib-truncated"],
 )
-def test_c5_corrupt_compressed_bytes_fail_the_read(payload: bytes) -> None:
+def test_c5_corrupt_compressed_bytes_fail_the_read(kind: str, payload: bytes) -> None:
     with pytest.raises(CheckpointSerializationError):
-        build_serde("json").loads_typed(("json+zlib", payload))
+        build_serde("json").loads_typed((kind, payload))
+
+
+def test_c5_a_frame_claiming_a_huge_size_is_refused_not_allocated() -> None:
+    # a zstd frame header (magic, single segment, 8-byte content size) claiming 1 TiB
+    header = b"\x28\xb5\x2f\xfd" + b"\xe0" + (1 << 40).to_bytes(8, "little")
+    with pytest.raises(CheckpointSerializationError, match="claims 1099511627776 bytes"):
+        build_serde("json").loads_typed(("json+zstd", header + b"\x01\x00\x00"))
 
 
 def test_c5_compressed_bytes_that_hold_no_json_fail_the_read() -> None:
+    with pytest.raises(CheckpointSerializationError):
+        build_serde("json").loads_typed(("json+zstd", compress(b"\x80\x81 not json")))
     with pytest.raises(CheckpointSerializationError):
         build_serde("json").loads_typed(("json+zlib", zlib.compress(b"\x80\x81 not json")))
 
@@ -124,7 +160,7 @@ def test_c7_msgpack_values_are_compressed_too() -> None:
     value = {"messages": big_value()["messages"]}  # msgpack itself turns tuples into lists
     serde = build_serde("msgpack", compress_threshold=64)
     kind, payload = serde.dumps_typed(value)
-    assert kind == "msgpack+zlib"
+    assert kind == "msgpack+zstd"
     assert serde.loads_typed((kind, payload)) == value
 
 
@@ -138,7 +174,7 @@ def test_c7_faithful_serializer_refuses_a_msgpack_payload_clearly() -> None:
 
 def test_c7_faithful_serializer_refuses_a_compressed_msgpack_payload() -> None:
     stored = build_serde("msgpack", compress_threshold=1).dumps_typed(big_value())
-    assert stored[0] == "msgpack+zlib"
+    assert stored[0] == "msgpack+zstd"
     with pytest.raises(CheckpointSerializationError, match="msgpack"):
         build_serde("json").loads_typed(stored)
 
