@@ -7,6 +7,8 @@ Stores (every Postgres store on a pool of at most 8 connections):
 
 - ``langgraph-postgres``: LangGraph's ``AsyncPostgresSaver``.
 - ``threadkeep-postgres``, ``threadkeep-redis``: threadkeep's providers.
+- ``threadkeep-pg-z256``: the Postgres provider with ``INLINE_COMPRESS_BYTES=256`` (values
+  over 256 bytes stored zstd-compressed; the default is 65536, SPEC C5).
 - ``floor-postgres``: one INSERT of the whole encoded state per step, one transaction each;
   a load is one SELECT of the newest row plus decoding it.
 - ``floor-redis``: one SET of the whole encoded state per step; a load is one GET plus decoding.
@@ -49,7 +51,19 @@ from threadkeep.workload import build_agent, turn_input
 POSTGRES = "host=127.0.0.1 user=postgres dbname=test"
 REDIS = "redis://127.0.0.1:6379/0"
 POOL = 8
-STORES = ("langgraph-postgres", "threadkeep-postgres", "threadkeep-redis", "floor-postgres", "floor-redis")
+STORES = (
+    "langgraph-postgres",
+    "threadkeep-postgres",
+    "threadkeep-pg-z256",
+    "threadkeep-redis",
+    "floor-postgres",
+    "floor-redis",
+)
+# The Postgres provider's settings, by store name.
+PG_SETTINGS = {
+    "threadkeep-postgres": Settings(pool_max_size=POOL),
+    "threadkeep-pg-z256": Settings(pool_max_size=POOL, inline_compress_bytes=256),
+}
 SERDE = build_serde()
 THREADKEEP_TABLES = (
     "tk_threads",
@@ -124,8 +138,8 @@ async def open_store(name: str) -> AsyncIterator[Store]:
             saver: Any = AsyncPostgresSaver(pool)  # type: ignore[arg-type]
             await saver.setup()
             yield Store(saver, schema, ["checkpoints", "checkpoint_blobs", "checkpoint_writes"])
-        elif name == "threadkeep-postgres":
-            saver = open_checkpointer("postgres", dsn, settings=Settings(pool_max_size=POOL))
+        elif name in PG_SETTINGS:
+            saver = open_checkpointer("postgres", dsn, settings=PG_SETTINGS[name])
             closers.append(saver.aclose)
             yield Store(saver, schema, list(THREADKEEP_TABLES))
         elif name == "threadkeep-tiered":
@@ -306,10 +320,8 @@ async def _fresh_instance(name: str, saver: Any) -> Any:
         fresh = AsyncPostgresSaver(pool)  # type: ignore[arg-type]
         fresh.aclose = pool.close  # type: ignore[attr-defined]
         return fresh
-    if name == "threadkeep-postgres":
-        return open_checkpointer(
-            "postgres", saver.backend.engine.conninfo, settings=Settings(pool_max_size=POOL)
-        )
+    if name in PG_SETTINGS:
+        return open_checkpointer("postgres", saver.backend.engine.conninfo, settings=PG_SETTINGS[name])
     return open_checkpointer("redis", REDIS, settings=Settings(), key_prefix=saver.backend.space.prefix)
 
 
@@ -375,7 +387,9 @@ def report(
             f"{name:22}" + "".join(f"{results[name][f'throughput@{n}']:>16.1f}" for n in conversation_turns)
         )
     print("\nthreadkeep-postgres against langgraph-postgres")
-    print(f"  bytes at K={k}: {lg[f'bytes@{k}'] / ours[f'bytes@{k}']:.1f}x smaller")
+    print(f"  bytes at K={k}: {lg[f'bytes@{k}'] / ours[f'bytes@{k}']:.1f}x smaller", end="")
+    z256 = results["threadkeep-pg-z256"][f"bytes@{k}"]
+    print(f" ({lg[f'bytes@{k}'] / z256:.1f}x with values over 256 B compressed)")
     print(f"  put median: {ours['aput'] / lg['aput']:.2f} of its time")
     print(f"  cold load: {lg['cold_load'] / ours['cold_load']:.2f}x faster")
     for n in conversation_turns:

@@ -73,21 +73,18 @@ def test_w4_a_connection_cut_inside_a_transaction_is_retried_whole(
 
     dsn = postgres_schema(uuid.uuid4().hex)
     cuts = {"left": 2}
-    original = pg._execute
+    original = pg._send
 
-    def cutting(conn: Any, pipe: Any, request: Any) -> Any:
-        # In the middle of a put's transaction, after its first batch went out, the network dies.
-        reply = original(conn, pipe, request)
-        if (
-            isinstance(request, pg.Batch)
-            and cuts["left"]
-            and any("tk_checkpoints" in r.sql for r in request.requests[:2])
-        ):
+    def cutting(conn: Any, statements: list[Any]) -> Any:
+        # In the middle of a put's transaction, after its first round trip (BEGIN, the thread
+        # locked), the network dies before the rows and the COMMIT go out.
+        reply = original(conn, statements)
+        if cuts["left"] and any(isinstance(s, pg.Sql) and "FOR UPDATE OF t" in s.sql for s in statements):
             cuts["left"] -= 1
             proxy.cut()
         return reply
 
-    monkeypatch.setattr(pg, "_execute", cutting)
+    monkeypatch.setattr(pg, "_send", cutting)
     caplog.set_level(logging.WARNING, logger="threadkeep.retry")
     with open_checkpointer("postgres", through(proxy, dsn, "tk-cut"), settings=FAST_RETRIES) as saver:
         run_turns(build_agent(saver), "cut", 2)

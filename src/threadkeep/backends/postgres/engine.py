@@ -1,7 +1,9 @@
 """Runs SQL programs on Postgres through psycopg 3 connection pools, sync and async.
 
-Each program runs in one transaction on one pooled connection. A :class:`~threadkeep.core.
-program.Batch` goes out in pipeline mode: its statements, one round trip. A dropped
+Each program runs on one pooled connection, a write in one transaction. Its requests go out
+as few round trips as its reads allow (:func:`_round_trips`): a :class:`~threadkeep.core.
+program.Batch` in pipeline mode, BEGIN with the first round trip, and statements whose
+results nobody reads held back to travel with the next round trip or the COMMIT. A dropped
 connection (the server restarted, ``pg_terminate_backend``, a network cut) retries the whole
 program on a fresh connection as the retry policy says (SPEC W4). The pools check a
 connection before lending it without a round trip (a backend the server already closed is
@@ -15,13 +17,14 @@ writers of one thread queue on that thread's row lock inside Postgres.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import re
 import time
 import weakref
-from collections.abc import Callable
-from contextlib import AbstractAsyncContextManager, AbstractContextManager, nullcontext
+from collections.abc import Callable, Generator
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, TypeVar
@@ -29,7 +32,7 @@ from typing import Any, TypeVar
 import psycopg
 from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
 
-from threadkeep.core.program import Batch, ProgramFactory, Sql, SqlMany, drive, drive_async
+from threadkeep.core.program import Batch, Program, ProgramFactory, Sql, SqlMany, drive, drive_async
 from threadkeep.core.retry import RetryPolicy
 
 __all__ = ["PoolOptions", "PostgresEngine", "is_connection_error"]
@@ -173,9 +176,11 @@ class PostgresEngine:
         return pool
 
     def run(self, make: ProgramFactory[T], *, write: bool = False, atomic: bool = True) -> T:
-        """Run one program in one transaction (unless not ``atomic``), retrying it whole after
-        a dropped connection."""
-        return self._retrying(lambda: self._once(make, self._sync_pool().connection(), atomic))
+        """Run one program, retrying it whole after a dropped connection. A ``write`` that is
+        ``atomic`` runs in one transaction; a read runs without one (under READ COMMITTED
+        each statement sees its own snapshot either way, and a one-statement read then costs
+        one round trip)."""
+        return self._retrying(lambda: self._once(make, self._sync_pool().connection(), write and atomic))
 
     def setup(self, make: ProgramFactory[T]) -> T:
         """Like :meth:`run`, on a short-lived connection: the format gate and migrations run
@@ -200,13 +205,16 @@ class PostgresEngine:
 
     @staticmethod
     def _once(
-        make: ProgramFactory[T], connection: AbstractContextManager[psycopg.Connection[Any]], atomic: bool
+        make: ProgramFactory[T],
+        connection: AbstractContextManager[psycopg.Connection[Any]],
+        transaction: bool,
     ) -> T:
-        # The whole transaction runs in pipeline mode: BEGIN travels with the first batch and
-        # COMMIT with the last, so a program costs one round trip per batch whose results it
-        # reads, and no more.
-        with connection as conn, conn.pipeline() as pipe, _transaction(conn, atomic):
-            return drive(make(), partial(_execute, conn, pipe))
+        with connection as conn:
+            try:
+                return drive(_round_trips(make(), transaction), partial(_send, conn))
+            except BaseException:
+                _rollback(conn)
+                raise
 
     async def arun(self, make: ProgramFactory[T], *, write: bool = False, atomic: bool = True) -> T:
         """The same as :meth:`run`, on the event loop's own pool."""
@@ -216,8 +224,14 @@ class PostgresEngine:
             tries += 1
             try:
                 pool = await self._async_pool()
-                async with pool.connection() as conn, conn.pipeline() as pipe, _atransaction(conn, atomic):
-                    return await drive_async(make(), partial(_execute_async, conn, pipe))
+                async with pool.connection() as conn:
+                    try:
+                        return await drive_async(
+                            _round_trips(make(), write and atomic), partial(_send_async, conn)
+                        )
+                    except BaseException:
+                        await _rollback_async(conn)
+                        raise
             except Exception as error:
                 delay = self.retry.delay_after(error, tries)
                 if pool is not None:
@@ -246,14 +260,6 @@ class PostgresEngine:
         if pool is not None:
             await pool.close()
         self.close()
-
-
-def _transaction(conn: psycopg.Connection[Any], atomic: bool) -> AbstractContextManager[Any]:
-    return conn.transaction() if atomic else nullcontext()
-
-
-def _atransaction(conn: psycopg.AsyncConnection[Any], atomic: bool) -> AbstractAsyncContextManager[Any]:
-    return conn.transaction() if atomic else nullcontext()
 
 
 _PLACEHOLDER = re.compile(r"%\((\w+)\)s")
@@ -286,32 +292,90 @@ def _fused_results(batch: Batch, rows: list[Any]) -> list[Any]:
     return [rows, *([[]] * (len(batch.requests) - 1))]
 
 
-def _execute(conn: psycopg.Connection[Any], pipe: psycopg.Pipeline, request: Any) -> Any:
-    if isinstance(request, Batch) and (fused := _fuse(request)) is not None:
-        if request.wanted:
-            return _fused_results(request, _execute(conn, pipe, fused))
-        conn.execute(fused.sql, fused.params, binary=True)
-        return _fused_results(request, [])
-    if isinstance(request, SqlMany):
-        conn.cursor().executemany(request.sql, request.rows)
-        return None
-    if isinstance(request, Sql):
-        cursor = conn.execute(request.sql, request.params, binary=True)
-        pipe.sync()
-        return _rows(cursor)
-    if isinstance(request, Batch):
-        cursors: list[psycopg.Cursor[Any] | None] = []
-        for inner in request.requests:
-            if isinstance(inner, Sql):
-                cursors.append(conn.execute(inner.sql, inner.params, binary=True))
+# A statement of a round trip: transaction control as bare text, or a program's request.
+_Statement = str | Sql | SqlMany
+_BEGIN = "BEGIN"
+_COMMIT = "COMMIT"
+
+
+def _round_trips(program: Program[T], transaction: bool) -> Generator[list[_Statement], list[Any], T]:
+    """Run ``program`` as round trips: yields the statements of each, receives their results.
+
+    BEGIN travels with the first round trip and COMMIT with the last. A batch whose results
+    the program does not read (``Batch(wanted=False)``) is held back and sent with the next
+    round trip, or with the COMMIT: a put costs two round trips, a read of one statement one.
+    A failed round trip is raised inside the program, as :func:`~threadkeep.core.program.drive`
+    does.
+    """
+    held: list[Sql | SqlMany] = []
+    begun = False
+    try:
+        request = next(program)
+    except StopIteration as stop:  # a program with nothing to do
+        return stop.value  # type: ignore[no-any-return]
+    while True:
+        try:
+            if isinstance(request, Batch) and not request.wanted:
+                fused = _fuse(request)
+                held.extend([fused] if fused is not None else request.requests)
+                reply: Any = [None] * len(request.requests)
             else:
-                conn.cursor().executemany(inner.sql, inner.rows)
-                cursors.append(None)
-        if not request.wanted:
-            return [None] * len(cursors)
-        pipe.sync()
-        return [_rows(cursor) for cursor in cursors]
+                opening = [_BEGIN] if transaction and not begun else []
+                begun = begun or transaction
+                statements, shape = _statements(request)
+                sent = [*opening, *held, *statements]
+                held = []
+                results = yield sent
+                reply = shape(results[len(sent) - len(statements) :])
+        except Exception as error:
+            held = []
+            try:
+                request = program.throw(error)
+            except StopIteration as stop:
+                return (yield from _finish(held, begun, stop.value))  # type: ignore[no-any-return]
+            continue
+        try:
+            request = program.send(reply)
+        except StopIteration as stop:
+            return (yield from _finish(held, begun, stop.value))  # type: ignore[no-any-return]
+
+
+def _finish(held: list[Sql | SqlMany], begun: bool, value: T) -> Generator[list[_Statement], list[Any], T]:
+    """Send what is held back, with the COMMIT."""
+    tail: list[_Statement] = [*held, *([_COMMIT] if begun else [])]
+    if tail:
+        yield tail
+    return value
+
+
+def _statements(request: Any) -> tuple[list[Sql | SqlMany], Callable[[list[Any]], Any]]:
+    """The statements that answer ``request``, and how their results make its reply."""
+    if isinstance(request, Batch):
+        fused = _fuse(request)
+        if fused is not None:
+            return [fused], lambda results: _fused_results(request, results[0])
+        return list(request.requests), lambda results: results
+    if isinstance(request, (Sql, SqlMany)):
+        return [request], lambda results: results[0]
     raise TypeError(f"the postgres engine cannot run {request!r}")
+
+
+def _send(conn: psycopg.Connection[Any], statements: list[_Statement]) -> list[Any]:
+    """One round trip: a lone statement as itself, several in one pipeline."""
+    if len(statements) == 1 and isinstance(statements[0], Sql):
+        return [_rows(conn.execute(statements[0].sql, statements[0].params, binary=True))]
+    with conn.pipeline():
+        cursors = [_queue(conn, statement) for statement in statements]
+    return [_rows(cursor) for cursor in cursors]
+
+
+def _queue(conn: psycopg.Connection[Any], statement: _Statement) -> psycopg.Cursor[Any] | None:
+    if isinstance(statement, str):
+        return conn.execute(statement)
+    if isinstance(statement, SqlMany):
+        conn.cursor().executemany(statement.sql, statement.rows)
+        return None
+    return conn.execute(statement.sql, statement.params, binary=True)
 
 
 def _rows(cursor: psycopg.Cursor[Any] | None) -> list[Any] | None:
@@ -321,37 +385,39 @@ def _rows(cursor: psycopg.Cursor[Any] | None) -> list[Any] | None:
     return cursor.fetchall() if cursor.description is not None else []
 
 
+def _rollback(conn: psycopg.Connection[Any]) -> None:
+    """End a transaction a failure left open, so the pool gets the connection back clean."""
+    if not conn.closed and conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+        with contextlib.suppress(psycopg.Error):
+            conn.execute("ROLLBACK")
+
+
+async def _send_async(conn: psycopg.AsyncConnection[Any], statements: list[_Statement]) -> list[Any]:
+    if len(statements) == 1 and isinstance(statements[0], Sql):
+        return [await _rows_async(await conn.execute(statements[0].sql, statements[0].params, binary=True))]
+    async with conn.pipeline():
+        cursors = [await _queue_async(conn, statement) for statement in statements]
+    return [await _rows_async(cursor) for cursor in cursors]
+
+
+async def _queue_async(
+    conn: psycopg.AsyncConnection[Any], statement: _Statement
+) -> psycopg.AsyncCursor[Any] | None:
+    if isinstance(statement, str):
+        return await conn.execute(statement)
+    if isinstance(statement, SqlMany):
+        await conn.cursor().executemany(statement.sql, statement.rows)
+        return None
+    return await conn.execute(statement.sql, statement.params, binary=True)
+
+
 async def _rows_async(cursor: psycopg.AsyncCursor[Any] | None) -> list[Any] | None:
     if cursor is None:
         return None
     return await cursor.fetchall() if cursor.description is not None else []
 
 
-async def _execute_async(
-    conn: psycopg.AsyncConnection[Any], pipe: psycopg.AsyncPipeline, request: Any
-) -> Any:
-    if isinstance(request, Batch) and (fused := _fuse(request)) is not None:
-        if request.wanted:
-            return _fused_results(request, await _execute_async(conn, pipe, fused))
-        await conn.execute(fused.sql, fused.params, binary=True)
-        return _fused_results(request, [])
-    if isinstance(request, SqlMany):
-        await conn.cursor().executemany(request.sql, request.rows)
-        return None
-    if isinstance(request, Sql):
-        cursor = await conn.execute(request.sql, request.params, binary=True)
-        await pipe.sync()
-        return await _rows_async(cursor)
-    if isinstance(request, Batch):
-        cursors: list[psycopg.AsyncCursor[Any] | None] = []
-        for inner in request.requests:
-            if isinstance(inner, Sql):
-                cursors.append(await conn.execute(inner.sql, inner.params, binary=True))
-            else:
-                await conn.cursor().executemany(inner.sql, inner.rows)
-                cursors.append(None)
-        if not request.wanted:
-            return [None] * len(cursors)
-        await pipe.sync()
-        return [await _rows_async(cursor) for cursor in cursors]
-    raise TypeError(f"the postgres engine cannot run {request!r}")
+async def _rollback_async(conn: psycopg.AsyncConnection[Any]) -> None:
+    if not conn.closed and conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+        with contextlib.suppress(psycopg.Error):
+            await conn.execute("ROLLBACK")
