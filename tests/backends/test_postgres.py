@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import uuid
 from pathlib import Path
@@ -13,6 +14,7 @@ import pytest
 from tests.providers import POSTGRES_URL, Opener, postgres_schema
 from threadkeep import CheckpointStoreFormatError, Settings, open_checkpointer
 from threadkeep.backends.postgres import _MIGRATIONS
+from threadkeep.backends.sql.programs import FORMAT_GENERATION
 from threadkeep.workload import TOOL_ROUND_TRIPS, build_agent, run_turns, turn_input
 
 pytestmark = pytest.mark.providers("postgres")
@@ -66,7 +68,7 @@ def test_p6_migrations_are_serialized_by_an_advisory_lock(provider: Any) -> None
     assert errors == []
     with connect(dsn) as conn:
         assert conn.execute("SELECT count(*) FROM tk_migrations").fetchone()[0] == len(_MIGRATIONS)
-        assert conn.execute("SELECT value FROM tk_meta").fetchall() == [("1",)]
+        assert conn.execute("SELECT value FROM tk_meta").fetchall() == [(str(FORMAT_GENERATION),)]
 
 
 def test_p6_a_postgres_store_of_another_generation_is_refused(open_saver: Opener) -> None:
@@ -164,6 +166,22 @@ def test_pool_sizes_and_timeouts_come_from_the_settings(provider: Any, tmp_path:
         pool = saver.backend.engine._pool
         assert (pool.min_size, pool.max_size, pool.timeout) == (2, 4, 7)
         assert pool.kwargs["connect_timeout"] == 3
+
+
+def test_w1_a_write_that_went_on_after_a_failed_statement_is_not_reported_stored(
+    open_saver: Opener,
+) -> None:
+    from threadkeep.core.program import Sql
+
+    saver = open_saver()
+
+    def swallowing() -> Any:
+        with contextlib.suppress(Exception):  # the program goes on, as a buggy one might
+            yield Sql("SELECT 1 / 0", {})
+        return "stored?"
+
+    with pytest.raises(Exception, match="nothing of it was stored"):
+        saver.backend.engine.run(swallowing, write=True)
 
 
 def test_postgres_location_hides_the_password(provider: Any) -> None:

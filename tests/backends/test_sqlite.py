@@ -121,6 +121,22 @@ def test_p6_a_store_of_another_generation_is_refused(tmp_path: Path) -> None:
     assert refused.value.context["expected"] == FORMAT_GENERATION
 
 
+def test_p6_a_generation_1_store_is_read_as_it_is_and_recorded_as_2(tmp_path: Path) -> None:
+    path = tmp_path / "gen1.sqlite"
+    with open_at(path) as saver:
+        run_turns(build_agent(saver), "t", 1)
+    conn = sqlite3.connect(path)
+    conn.execute("UPDATE tk_meta SET value = '1' WHERE key = 'format_generation'")
+    conn.commit()
+    with open_at(path) as saver:
+        state = saver.get_tuple({"configurable": {"thread_id": "t"}})
+        assert len(state.checkpoint["channel_values"]["messages"]) == MESSAGES_PER_TURN
+        run_turns(build_agent(saver), "t", 1, first=1)
+    # a version that reads only generation 1 now refuses the store instead of a value
+    assert conn.execute("SELECT value FROM tk_meta WHERE key = 'format_generation'").fetchall() == [("2",)]
+    conn.close()
+
+
 def test_p6_langgraph_sqlite_saver_checkpoints_are_refused(tmp_path: Path) -> None:
     from langgraph.checkpoint.sqlite import SqliteSaver
 

@@ -121,6 +121,18 @@ def test_s1_messages_a_task_writes_read_back_exactly_and_are_stored_once(open_sa
     assert reread.get_tuple(cfg("w")).checkpoint["channel_values"]["messages"] == [*listed, single]
 
 
+def test_s1_a_late_write_to_a_pruned_checkpoint_stores_none_of_its_messages(open_saver: Opener) -> None:
+    from langgraph.checkpoint.base import empty_checkpoint
+
+    saver = open_saver(state_history_limit=1)
+    first = saver.put(cfg("late"), empty_checkpoint(), {"source": "input", "step": -1}, {})
+    saver.put(first, empty_checkpoint(), {"source": "loop", "step": 0}, {})  # prunes the first
+    before = saver.stats()
+    saver.put_writes(first, [("messages", [AIMessage("too late", id="late-1")])], task_id="task")
+    after = saver.stats()
+    assert (after["writes"], after["messages"]) == (before["writes"], before["messages"])
+
+
 def test_s2_unchanged_channels_are_not_stored_again(saver: Any) -> None:
     from langgraph.checkpoint.base import empty_checkpoint
 

@@ -75,10 +75,10 @@ def test_w4_a_connection_cut_inside_a_transaction_is_retried_whole(
     cuts = {"left": 2}
     original = pg._send
 
-    def cutting(conn: Any, statements: list[Any]) -> Any:
+    def cutting(conn: Any, statements: list[Any], prepare: Any) -> Any:
         # In the middle of a put's transaction, after its first round trip (BEGIN, the thread
         # locked), the network dies before the rows and the COMMIT go out.
-        reply = original(conn, statements)
+        reply = original(conn, statements, prepare)
         if cuts["left"] and any(isinstance(s, pg.Sql) and "FOR UPDATE OF t" in s.sql for s in statements):
             cuts["left"] -= 1
             proxy.cut()

@@ -72,6 +72,11 @@ def decompress(suffix: str, payload: bytes) -> bytes:
         raise CheckpointSerializationError(f"compressed value is corrupt: {exc}") from exc
 
 
+# The dictionary's decompression tables are built on first use; build them now, once, rather
+# than in whichever threads first read at the same time.
+decompress(ZSTD_SUFFIX, compress(b"{}"))
+
+
 class FaithfulSerializer:
     """The faithful JSON codec as a LangGraph serializer; the default on every provider."""
 

@@ -2,8 +2,8 @@
 
 A *program* is a generator that yields requests (an SQL statement with its parameters, a
 Redis script call, ...) and receives each request's result; its return value is the
-operation's result. An *engine* runs a program inside one transaction, on a sync or an async
-connection. So every decision lives once, in the program; engines only move bytes, and a
+operation's result. An *engine* runs a program on a sync or an async connection, a write
+inside one transaction. So every decision lives once, in the program; engines only move bytes, and a
 retry after a dropped connection simply runs the program again on a fresh connection.
 """
 
@@ -60,13 +60,15 @@ class Batch:
 
 
 class Engine(Protocol):
-    """Runs programs against one store, each in its own transaction."""
+    """Runs programs against one store, each write in its own transaction."""
 
     def run(self, make: ProgramFactory[T], *, write: bool = False, atomic: bool = True) -> T:
-        """Run the program ``make()`` builds, in one transaction.
+        """Run the program ``make()`` builds; a ``write`` in one transaction.
 
         ``write`` takes the store's write lock; ``atomic=False`` says the program's
         statements are each idempotent and guarded, so it may run without a transaction.
+        A read (``write=False``) may run without one too where each statement is consistent
+        on its own (Postgres under READ COMMITTED).
         """
         ...
 

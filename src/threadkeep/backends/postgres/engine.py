@@ -180,13 +180,15 @@ class PostgresEngine:
         ``atomic`` runs in one transaction; a read runs without one (under READ COMMITTED
         each statement sees its own snapshot either way, and a one-statement read then costs
         one round trip)."""
-        return self._retrying(lambda: self._once(make, self._sync_pool().connection(), write and atomic))
+        return self._retrying(
+            lambda: self._once(make, self._sync_pool().connection(), write and atomic, _prepare(write))
+        )
 
     def setup(self, make: ProgramFactory[T]) -> T:
         """Like :meth:`run`, on a short-lived connection: the format gate and migrations run
         before any pool is needed (an application that only uses the async API never opens a
         sync pool)."""
-        return self._retrying(lambda: self._once(make, self.connect(), True))
+        return self._retrying(lambda: self._once(make, self.connect(), True, False))
 
     def _retrying(self, attempt: Callable[[], T]) -> T:
         tries = 0
@@ -208,10 +210,11 @@ class PostgresEngine:
         make: ProgramFactory[T],
         connection: AbstractContextManager[psycopg.Connection[Any]],
         transaction: bool,
+        prepare: bool | None,
     ) -> T:
         with connection as conn:
             try:
-                return drive(_round_trips(make(), transaction), partial(_send, conn))
+                return drive(_round_trips(make(), transaction), partial(_send, conn, prepare=prepare))
             except BaseException:
                 _rollback(conn)
                 raise
@@ -227,7 +230,8 @@ class PostgresEngine:
                 async with pool.connection() as conn:
                     try:
                         return await drive_async(
-                            _round_trips(make(), write and atomic), partial(_send_async, conn)
+                            _round_trips(make(), write and atomic),
+                            partial(_send_async, conn, prepare=_prepare(write)),
                         )
                     except BaseException:
                         await _rollback_async(conn)
@@ -341,10 +345,20 @@ def _round_trips(program: Program[T], transaction: bool) -> Generator[list[_Stat
 
 
 def _finish(held: list[Sql | SqlMany], begun: bool, value: T) -> Generator[list[_Statement], list[Any], T]:
-    """Send what is held back, with the COMMIT."""
+    """Send what is held back, with the COMMIT.
+
+    Raises:
+        psycopg.errors.InFailedSqlTransaction: the server rolled the transaction back instead
+            (a program went on after a failed statement): nothing of it was stored.
+    """
     tail: list[_Statement] = [*held, *([_COMMIT] if begun else [])]
     if tail:
-        yield tail
+        results = yield tail
+        if begun and results[-1] != _COMMIT:
+            raise psycopg.errors.InFailedSqlTransaction(
+                f"the transaction ended in {results[-1]!r}, not COMMIT: a statement of it had failed, "
+                "so nothing of it was stored"
+            )
     return value
 
 
@@ -360,22 +374,41 @@ def _statements(request: Any) -> tuple[list[Sql | SqlMany], Callable[[list[Any]]
     raise TypeError(f"the postgres engine cannot run {request!r}")
 
 
-def _send(conn: psycopg.Connection[Any], statements: list[_Statement]) -> list[Any]:
+def _prepare(write: bool) -> bool | None:
+    """Whether statements may become prepared (psycopg's threshold decides), by program kind.
+
+    Reads never are: a prepared statement runs, after five executions, on a generic plan,
+    and the state read's best plan depends on its parameters (whether to walk a message
+    chain, whose thread): generic, a warm read took twice as long. Writes keep the saving.
+    """
+    return None if write else False
+
+
+def _send(conn: psycopg.Connection[Any], statements: list[_Statement], prepare: bool | None) -> list[Any]:
     """One round trip: a lone statement as itself, several in one pipeline."""
     if len(statements) == 1 and isinstance(statements[0], Sql):
-        return [_rows(conn.execute(statements[0].sql, statements[0].params, binary=True))]
+        return [_rows(conn.execute(statements[0].sql, statements[0].params, prepare=prepare, binary=True))]
     with conn.pipeline():
-        cursors = [_queue(conn, statement) for statement in statements]
-    return [_rows(cursor) for cursor in cursors]
+        cursors = [_queue(conn, statement, prepare) for statement in statements]
+    return [_result(statement, cursor) for statement, cursor in zip(statements, cursors, strict=True)]
 
 
-def _queue(conn: psycopg.Connection[Any], statement: _Statement) -> psycopg.Cursor[Any] | None:
+def _queue(
+    conn: psycopg.Connection[Any], statement: _Statement, prepare: bool | None
+) -> psycopg.Cursor[Any] | None:
     if isinstance(statement, str):
         return conn.execute(statement)
     if isinstance(statement, SqlMany):
         conn.cursor().executemany(statement.sql, statement.rows)
         return None
-    return conn.execute(statement.sql, statement.params, binary=True)
+    return conn.execute(statement.sql, statement.params, prepare=prepare, binary=True)
+
+
+def _result(statement: _Statement, cursor: psycopg.Cursor[Any] | None) -> Any:
+    """A statement's rows; for transaction control, the server's answer (``COMMIT``, ...)."""
+    if isinstance(statement, str) and cursor is not None:
+        return cursor.statusmessage
+    return _rows(cursor)
 
 
 def _rows(cursor: psycopg.Cursor[Any] | None) -> list[Any] | None:
@@ -392,23 +425,29 @@ def _rollback(conn: psycopg.Connection[Any]) -> None:
             conn.execute("ROLLBACK")
 
 
-async def _send_async(conn: psycopg.AsyncConnection[Any], statements: list[_Statement]) -> list[Any]:
+async def _send_async(
+    conn: psycopg.AsyncConnection[Any], statements: list[_Statement], prepare: bool | None
+) -> list[Any]:
     if len(statements) == 1 and isinstance(statements[0], Sql):
-        return [await _rows_async(await conn.execute(statements[0].sql, statements[0].params, binary=True))]
+        lone = statements[0]
+        return [await _rows_async(await conn.execute(lone.sql, lone.params, prepare=prepare, binary=True))]
     async with conn.pipeline():
-        cursors = [await _queue_async(conn, statement) for statement in statements]
-    return [await _rows_async(cursor) for cursor in cursors]
+        cursors = [await _queue_async(conn, statement, prepare) for statement in statements]
+    return [
+        cursor.statusmessage if isinstance(statement, str) and cursor else await _rows_async(cursor)
+        for statement, cursor in zip(statements, cursors, strict=True)
+    ]
 
 
 async def _queue_async(
-    conn: psycopg.AsyncConnection[Any], statement: _Statement
+    conn: psycopg.AsyncConnection[Any], statement: _Statement, prepare: bool | None
 ) -> psycopg.AsyncCursor[Any] | None:
     if isinstance(statement, str):
         return await conn.execute(statement)
     if isinstance(statement, SqlMany):
         await conn.cursor().executemany(statement.sql, statement.rows)
         return None
-    return await conn.execute(statement.sql, statement.params, binary=True)
+    return await conn.execute(statement.sql, statement.params, prepare=prepare, binary=True)
 
 
 async def _rows_async(cursor: psycopg.AsyncCursor[Any] | None) -> list[Any] | None:

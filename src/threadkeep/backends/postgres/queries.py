@@ -133,12 +133,7 @@ DO UPDATE SET type = EXCLUDED.type, value = EXCLUDED.value
 # history limit (%(offset)s set), their checkpoint was not pruned already (LangGraph may
 # deliver writes late). Guarded so, they need no transaction and take no lock: the
 # statement is idempotent, and a step's put does not wait behind it.
-_WRITES = """
-INSERT INTO tk_writes (tid, checkpoint_ns, checkpoint_id, task_id, idx, task_path, channel, type, value)
-SELECT t.tid, %(checkpoint_ns)s, %(checkpoint_id)s, w.task_id, w.idx, w.task_path, w.channel, w.type, w.value
-FROM tk_threads AS t,
-     unnest(%(task_id)s::text[], %(idx)s::integer[], %(task_path)s::text[], %(channel)s::text[],
-            %(type)s::text[], %(value)s::bytea[]) AS w (task_id, idx, task_path, channel, type, value)
+_WRITE_GUARD = """
 WHERE t.thread_id = %(thread_id)s
   AND (%(required_owner)s::text IS NULL OR t.owner = %(required_owner)s::text)
   AND (%(offset)s::integer IS NULL
@@ -151,19 +146,29 @@ WHERE t.thread_id = %(thread_id)s
                ORDER BY c.checkpoint_id DESC LIMIT 1 OFFSET %(offset)s), ''))
 """
 
+_WRITES = (
+    """
+INSERT INTO tk_writes (tid, checkpoint_ns, checkpoint_id, task_id, idx, task_path, channel, type, value)
+SELECT t.tid, %(checkpoint_ns)s, %(checkpoint_id)s, w.task_id, w.idx, w.task_path, w.channel, w.type, w.value
+FROM tk_threads AS t,
+     unnest(%(task_id)s::text[], %(idx)s::integer[], %(task_path)s::text[], %(channel)s::text[],
+            %(type)s::text[], %(value)s::bytea[]) AS w (task_id, idx, task_path, channel, type, value)"""
+    + _WRITE_GUARD
+)
+
 _MANY["write"] = _WRITES + "ON CONFLICT DO NOTHING"
 
-# The messages a task's writes refer to, stored with the thread's others, under the same
-# owner rule as the writes.
-_MANY["write_message"] = """
+# The messages a task's writes refer to, stored with the thread's others under the writes'
+# own guard: a write refused (another user's thread, a pruned checkpoint) leaves none.
+_MANY["write_message"] = (
+    """
 INSERT INTO tk_messages (tid, digest, type, value)
 SELECT t.tid, m.digest, m.type, m.value
 FROM tk_threads AS t,
-     unnest(%(digest)s::bytea[], %(type)s::text[], %(value)s::bytea[]) AS m (digest, type, value)
-WHERE t.thread_id = %(thread_id)s
-  AND (%(required_owner)s::text IS NULL OR t.owner = %(required_owner)s::text)
-ON CONFLICT DO NOTHING
-"""
+     unnest(%(digest)s::bytea[], %(type)s::text[], %(value)s::bytea[]) AS m (digest, type, value)"""
+    + _WRITE_GUARD
+    + "ON CONFLICT DO NOTHING"
+)
 _MANY["special_write"] = (
     _WRITES
     + """ON CONFLICT (tid, checkpoint_ns, checkpoint_id, task_id, idx) DO UPDATE SET
@@ -371,6 +376,11 @@ COPY_THREAD: tuple[str, ...] = (
 SELECT_TABLES = "SELECT tablename FROM pg_tables WHERE schemaname = current_schema()"
 SELECT_META = "SELECT value FROM tk_meta WHERE key = %(key)s"
 INSERT_META = "INSERT INTO tk_meta (key, value) VALUES (%(key)s, %(value)s) ON CONFLICT DO NOTHING"
+# A setting recorded with a value this version reads (%(readable)s) takes this version's.
+UPGRADE_META = """
+UPDATE tk_meta SET value = %(value)s
+WHERE key = %(key)s AND value IN (SELECT jsonb_array_elements_text(%(readable)s::jsonb))
+"""
 
 # Only threadkeep's own tables are the store: a database is often shared with other
 # applications, LangGraph's own savers included, whose tables are left alone.

@@ -17,7 +17,7 @@ from langgraph.checkpoint.serde.base import SerializerProtocol
 
 from threadkeep.backends.redis.engine import Command, Scan, Script
 from threadkeep.backends.redis.keys import KeySpace
-from threadkeep.backends.sql.programs import FORMAT_GENERATION
+from threadkeep.backends.sql.programs import FORMAT_GENERATION, READABLE_GENERATIONS
 from threadkeep.core.identity import Actor
 from threadkeep.core.messages import ContentCache, digest_of
 from threadkeep.core.program import Program
@@ -507,14 +507,18 @@ def ensure_format(space: KeySpace) -> Program[None]:
     if recorded is None:
         if (yield Scan(space.threads_pattern)):
             raise _format_error(None)
-    elif recorded.decode() != str(FORMAT_GENERATION):
+    elif recorded.decode() not in READABLE_GENERATIONS:
         raise _format_error(recorded.decode())
 
 
 def record_format(space: KeySpace) -> Program[None]:
-    """Record this format generation; concurrent first uses converge on one record."""
+    """Record this format generation (a readable older one is upgraded); concurrent first
+    uses converge on one record."""
     yield Command(("SET", space.format_key, str(FORMAT_GENERATION), "NX"))
     recorded = yield Command(("GET", space.format_key))
+    if recorded is not None and recorded.decode() in READABLE_GENERATIONS:
+        yield Command(("SET", space.format_key, str(FORMAT_GENERATION)))
+        recorded = str(FORMAT_GENERATION).encode()
     if recorded is None or recorded.decode() != str(FORMAT_GENERATION):
         raise _format_error(None if recorded is None else recorded.decode())
 

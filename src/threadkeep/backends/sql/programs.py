@@ -33,6 +33,7 @@ from threadkeep.errors import CheckpointSerializationError, CheckpointStoreForma
 
 __all__ = [
     "FORMAT_GENERATION",
+    "READABLE_GENERATIONS",
     "SqlDialect",
     "apply_migration",
     "clear_park",
@@ -60,9 +61,13 @@ __all__ = [
     "threads_named",
 ]
 
-# The storage format this version reads and writes. A store recording another generation
+# The storage format this version writes. A store recording a generation it cannot read
 # (or holding checkpoints with none recorded) is refused until `threadkeep store reset`.
-FORMAT_GENERATION = 1
+# Generation 2 added pending writes of messages by reference (`ref`, `refs`) and `+zstd`
+# values; a generation-1 store is read as it is and recorded as 2 on first open, so a
+# version that reads only generation 1 refuses it from then on instead of failing on a value.
+FORMAT_GENERATION = 2
+READABLE_GENERATIONS = frozenset({"1", "2"})
 _FORMAT_KEY = "format_generation"
 
 
@@ -99,6 +104,7 @@ class SqlDialect(Protocol):
     SELECT_TABLES: str
     SELECT_META: str
     INSERT_META: str
+    UPGRADE_META: str
     CHECKPOINT_TABLES: dict[str, str]
     CREATE_MIGRATIONS: str
     SELECT_MIGRATIONS: str
@@ -633,14 +639,23 @@ def ensure_format(q: SqlDialect) -> Program[None]:
         for table, probe in q.CHECKPOINT_TABLES.items():
             if table in tables and (yield Sql(probe, {}))[0][0]:
                 raise _format_error(q, None, table)
-    elif recorded != str(FORMAT_GENERATION):
+    elif recorded not in READABLE_GENERATIONS:
         raise _format_error(q, recorded, "tk_meta")
 
 
 def record_format(q: SqlDialect) -> Program[None]:
-    """Record this format generation; concurrent first uses converge on one record."""
+    """Record this format generation (a readable older one is upgraded); concurrent first
+    uses converge on one record."""
     yield Sql(q.LOCK_SCHEMA, {})
     yield Sql(q.INSERT_META, {"key": _FORMAT_KEY, "value": str(FORMAT_GENERATION)})
+    yield Sql(
+        q.UPGRADE_META,
+        {
+            "key": _FORMAT_KEY,
+            "value": str(FORMAT_GENERATION),
+            "readable": q.text_list(sorted(READABLE_GENERATIONS)),
+        },
+    )
     rows = yield Sql(q.SELECT_META, {"key": _FORMAT_KEY})
     if rows[0][0] != str(FORMAT_GENERATION):
         raise _format_error(q, rows[0][0], "tk_meta")

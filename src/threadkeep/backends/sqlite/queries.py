@@ -118,10 +118,7 @@ WHERE c.run_id IN (SELECT value FROM json_each(:run_ids))
 # A write is stored only if the writer may write the thread (W3) and, under a history limit
 # (:offset set), its checkpoint was not pruned already (LangGraph may deliver writes late).
 # Guarded so, a task's writes need no transaction: every statement is idempotent.
-_INSERT_WRITE = """
-INSERT INTO tk_writes (tid, checkpoint_ns, checkpoint_id, task_id, idx, task_path, channel, type, value)
-SELECT t.tid, :checkpoint_ns, :checkpoint_id, :task_id, :idx, :task_path, :channel, :type, :value
-FROM tk_threads AS t
+_WRITE_GUARD = """
 WHERE t.thread_id = :thread_id
   AND (:required_owner IS NULL OR t.owner = :required_owner)
   AND (:offset IS NULL
@@ -133,14 +130,24 @@ WHERE t.thread_id = :thread_id
                                       ORDER BY c.checkpoint_id DESC LIMIT 1 OFFSET :offset), ''))
 """
 
+_INSERT_WRITE = (
+    """
+INSERT INTO tk_writes (tid, checkpoint_ns, checkpoint_id, task_id, idx, task_path, channel, type, value)
+SELECT t.tid, :checkpoint_ns, :checkpoint_id, :task_id, :idx, :task_path, :channel, :type, :value
+FROM tk_threads AS t"""
+    + _WRITE_GUARD
+)
+
 INSERT_WRITE = _INSERT_WRITE + "ON CONFLICT DO NOTHING"
 
-INSERT_WRITE_MESSAGE = """
+# under the writes' own guard: a write refused leaves no message behind
+INSERT_WRITE_MESSAGE = (
+    """
 INSERT INTO tk_messages (tid, digest, type, value)
-SELECT t.tid, :digest, :type, :value FROM tk_threads AS t
-WHERE t.thread_id = :thread_id AND (:required_owner IS NULL OR t.owner = :required_owner)
-ON CONFLICT DO NOTHING
-"""
+SELECT t.tid, :digest, :type, :value FROM tk_threads AS t"""
+    + _WRITE_GUARD
+    + "ON CONFLICT DO NOTHING"
+)
 
 UPSERT_WRITE = (
     _INSERT_WRITE
@@ -291,6 +298,9 @@ COPY_THREAD: tuple[str, ...] = (
 SELECT_TABLES = "SELECT name FROM sqlite_master WHERE type = 'table'"
 SELECT_META = "SELECT value FROM tk_meta WHERE key = :key"
 INSERT_META = "INSERT INTO tk_meta (key, value) VALUES (:key, :value) ON CONFLICT DO NOTHING"
+UPGRADE_META = (
+    "UPDATE tk_meta SET value = :value WHERE key = :key AND value IN (SELECT value FROM json_each(:readable))"
+)
 
 # A table that holds checkpoints of any format, and the probe that says whether it has rows.
 CHECKPOINT_TABLES: dict[str, str] = {
