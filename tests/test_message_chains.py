@@ -38,6 +38,35 @@ def test_s1_memo_reuses_digests_of_unchanged_objects_only() -> None:
     assert edited.digests[1] != first.digests[1]
 
 
+def test_s1_memo_gives_the_links_and_digests_a_fresh_encoding_gives() -> None:
+    """Whatever happens to the list between puts (appends, an edit in place in the middle,
+    a removal, a message swapped for an equal one), the memo's shortcuts change nothing."""
+    memo = EncodingMemo()
+    key = ("t", "", "messages")
+    messages = [
+        HumanMessage("q", id="1"),
+        AIMessage("a", id="2", tool_calls=[{"name": "f", "args": {"x": 1}, "id": "c", "type": "tool_call"}]),
+        HumanMessage("r", id="3"),
+    ]
+
+    def check(version: str) -> None:
+        memoized = MessageChain("messages", version, messages, SERDE, memo=memo, memo_key=key)
+        fresh = MessageChain("messages", version, messages, SERDE)
+        assert (memoized.nodes, memoized.digests) == (fresh.nodes, fresh.digests)
+
+    check("1")
+    messages.append(AIMessage("b", id="4"))
+    check("2")
+    messages[1].tool_calls[0]["args"]["x"] = 2  # deep in place, in the middle
+    check("3")
+    messages[1].tool_calls[0]["args"]["x"] = 2.0  # the same JSON number, another type
+    check("4")
+    del messages[0]
+    check("5")
+    messages[0] = AIMessage.model_validate(messages[0].model_dump())  # an equal, new object
+    check("6")
+
+
 def test_s1_memo_is_per_list_and_bounded() -> None:
     memo = EncodingMemo(lists=2)
     message = HumanMessage("x", id="1")

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import marshal
+import operator
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -56,31 +57,57 @@ def _link(prev: bytes | None, digest: bytes) -> bytes:
     return hashlib.blake2b((prev or b"") + digest, digest_size=_HASH_BYTES).digest()
 
 
-def _fingerprint(message: Any) -> int | None:
-    """A type-exact summary of a message's fields, or ``None`` when it cannot be taken.
+# Field values of these types cannot change in place: the same object is the same value.
+_IMMUTABLE: Final = frozenset({str, int, float, bool, bytes, type(None)})
 
-    ``marshal`` renders builtin values exactly (a tuple is not a list, ``-0.0`` is not
-    ``0.0``) and refuses everything else, so a message holding other types is never memoized.
+# What a put saw of one message: its class, its field values (kept alive, so an identity
+# check is sound), and a type-exact summary of the values that could change in place.
+_Seen = tuple[type, tuple[Any, ...], int]
+
+
+def _fingerprint(message: Any) -> _Seen | None:
+    """What :func:`_unchanged` compares, or ``None`` when it cannot be taken.
+
+    A message's large fields (its content, mostly) are immutable strings: they are compared
+    by identity, in constant time. Containers, which a node may edit in place, are summed up
+    with ``marshal``, which renders builtin values exactly (a tuple is not a list, ``-0.0``
+    is not ``0.0``) and refuses everything else, so a message holding other types is never
+    memoized.
     """
     try:
-        return hash(marshal.dumps((message.__dict__, message.__pydantic_extra__)))
+        values = tuple(message.__dict__.values())
+        mutable = [value for value in values if type(value) not in _IMMUTABLE]
+        return type(message), values, hash(marshal.dumps((mutable, message.__pydantic_extra__)))
     except (ValueError, AttributeError):
         return None
 
 
+def _unchanged(seen: _Seen, now: _Seen) -> bool:
+    """Whether a message is as a previous put saw it: the same class, every field the very
+    same object, and its containers holding the same values."""
+    return (
+        seen[0] is now[0]
+        and seen[2] == now[2]
+        and len(seen[1]) == len(now[1])
+        and all(map(operator.is_, seen[1], now[1]))
+    )
+
+
 class _Remembered:
-    """What one put of a list encoded: ``id -> (fingerprint, digest)``, and the objects.
+    """What one put of a list saw: ``id -> (what it saw of the object, digest)``, the
+    objects, and the list's digests and link nodes by position.
 
     ``objects`` keeps every remembered object alive, so an id in ``digests`` can only be
-    that object's. The mapping holds only ints and bytes, which the garbage collector does
-    not track: a long list costs the collector nothing per put.
+    that object's.
     """
 
-    __slots__ = ("digests", "objects")
+    __slots__ = ("digests", "list_digests", "nodes", "objects")
 
     def __init__(self) -> None:
-        self.digests: dict[int, tuple[int, bytes]] = {}
+        self.digests: dict[int, tuple[_Seen, bytes]] = {}
         self.objects: list[object] = []
+        self.list_digests: tuple[bytes, ...] = ()
+        self.nodes: tuple[bytes, ...] = ()
 
 
 _NOTHING = _Remembered()
@@ -246,30 +273,38 @@ class MessageChain:
         self._messages = tuple(messages)
         self._serde = serde
         self._payloads: dict[int, tuple[str, bytes]] = {}
-        previous = memo.previous(memo_key).digests if memo is not None else {}
+        previous = memo.previous(memo_key) if memo is not None else _NOTHING
+        seen_before = previous.digests
         current = _Remembered()
         nodes: list[bytes] = []
         digests: list[bytes] = []
         prev: bytes | None = None
+        # While the list starts as the previous put's did, its link nodes are that put's.
+        shared = min(len(previous.list_digests), len(self._messages))
         for position, message in enumerate(self._messages):
-            fingerprint = _fingerprint(message)
-            entry = previous.get(id(message))
-            if fingerprint is not None and entry is not None and entry[0] == fingerprint:
+            seen = _fingerprint(message)
+            entry = seen_before.get(id(message))
+            if seen is not None and entry is not None and _unchanged(entry[0], seen):
                 digest = entry[1]
             else:
                 kind, payload = self._encode(position)
                 digest = digest_of(kind, payload)
                 self._payloads[position] = (kind, payload)
-            if fingerprint is not None:
-                current.digests[id(message)] = (fingerprint, digest)
+            if seen is not None:
+                current.digests[id(message)] = (seen, digest)
                 current.objects.append(message)
-            prev = _link(prev, digest)
+            if position < shared and previous.list_digests[position] == digest:
+                prev = previous.nodes[position]
+            else:
+                shared = 0
+                prev = _link(prev, digest)
             nodes.append(prev)
             digests.append(digest)
-        if memo is not None:
-            memo.keep(memo_key, current)
         self.nodes = tuple(nodes)
         self.digests = tuple(digests)
+        if memo is not None:
+            current.list_digests, current.nodes = self.digests, self.nodes
+            memo.keep(memo_key, current)
         # How many leading messages the memo answered: the previous put of this list sent
         # them, so they are likely stored (a store that must know checks the last one's link).
         self.reused = next((i for i in range(len(nodes)) if i in self._payloads), len(nodes))
