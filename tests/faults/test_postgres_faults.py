@@ -1,9 +1,11 @@
 """SPEC W4 on a real Postgres: killed connections are retried; an outage fails the run visibly
-and leaves nothing half-written."""
+and leaves nothing half-written. And SPEC W2 when two writers queue on a thread's lock."""
 
 from __future__ import annotations
 
 import logging
+import threading
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -12,7 +14,7 @@ import pytest
 
 from tests.providers import POSTGRES_URL, postgres_schema
 from tests.servers import TcpProxy
-from threadkeep import Settings, StorageError, open_checkpointer
+from threadkeep import Settings, StaleStateError, StorageError, open_checkpointer
 from threadkeep.workload import TOOL_ROUND_TRIPS, build_agent, run_turns, turn_input
 
 pytestmark = [pytest.mark.providers("postgres"), pytest.mark.slow]
@@ -70,6 +72,7 @@ def test_w4_a_connection_cut_inside_a_transaction_is_retried_whole(
     provider: Any, proxy: TcpProxy, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     from threadkeep.backends.postgres import engine as pg
+    from threadkeep.backends.postgres import queries
 
     dsn = postgres_schema(uuid.uuid4().hex)
     cuts = {"left": 2}
@@ -79,7 +82,7 @@ def test_w4_a_connection_cut_inside_a_transaction_is_retried_whole(
         # In the middle of a put's transaction, after its first round trip (BEGIN, the thread
         # locked), the network dies before the rows and the COMMIT go out.
         reply = original(conn, statements, prepare)
-        if cuts["left"] and any(isinstance(s, pg.Sql) and "FOR UPDATE OF t" in s.sql for s in statements):
+        if cuts["left"] and any(isinstance(s, pg.Sql) and s.sql == queries.LOCK_THREAD for s in statements):
             cuts["left"] -= 1
             proxy.cut()
         return reply
@@ -110,3 +113,56 @@ def test_w4_postgres_refusing_connections_fails_the_run_and_leaves_nothing_half_
         assert len(history) == stored == CHECKPOINTS_PER_TURN
         assert len(history[0].checkpoint["channel_values"]["messages"]) == MESSAGES_PER_TURN
         assert direct.stats("outage")["messages"] == MESSAGES_PER_TURN
+
+
+def test_w2_writers_queued_on_the_thread_lock_cannot_both_continue_the_head(provider: Any) -> None:
+    """Two puts continue the same head while a third party holds the thread's row lock: both
+    wait, and when it is released the first to get the lock writes; the second must see that
+    write and be refused (a head read in the statement that waited would still see the old one)."""
+    from langgraph.checkpoint.base import create_checkpoint, empty_checkpoint
+
+    dsn = postgres_schema(uuid.uuid4().hex)
+    name = f"tk-queue-{uuid.uuid4().hex[:8]}"
+    with open_checkpointer("postgres", f"{dsn} application_name={name}", settings=Settings()) as saver:
+        start = {"configurable": {"thread_id": "queue", "checkpoint_ns": ""}}
+        root = saver.put(start, empty_checkpoint(), {}, {})
+        outcome: dict[int, Any] = {}
+
+        def continue_head(racer: int) -> None:
+            checkpoint = create_checkpoint(empty_checkpoint(), None, racer)
+            try:
+                outcome[racer] = saver.put(root, checkpoint, {"step": racer}, {})
+            except Exception as error:
+                outcome[racer] = error
+
+        import psycopg
+
+        with psycopg.connect(dsn, autocommit=True) as holder:
+            holder.execute("BEGIN")
+            holder.execute("SELECT 1 FROM tk_threads WHERE thread_id = 'queue' FOR UPDATE")
+            racers = [threading.Thread(target=continue_head, args=(racer,)) for racer in (1, 2)]
+            for racer in racers:
+                racer.start()
+            with admin() as conn:
+                deadline = time.monotonic() + 10
+                while time.monotonic() < deadline:
+                    waiting = conn.execute(
+                        "SELECT count(*) FROM pg_stat_activity "
+                        "WHERE application_name = %s AND wait_event_type = 'Lock'",
+                        (name,),
+                    ).fetchone()[0]
+                    if waiting == 2:
+                        break
+                    time.sleep(0.02)
+                assert waiting == 2, "both puts should be waiting for the thread's lock"
+            holder.execute("COMMIT")
+            for racer in racers:
+                racer.join(10)
+
+        stale = [error for error in outcome.values() if isinstance(error, StaleStateError)]
+        won = [config for config in outcome.values() if isinstance(config, dict)]
+        assert len(won) == 1, outcome
+        assert len(stale) == 1, outcome
+        assert stale[0].expected == root["configurable"]["checkpoint_id"]
+        assert stale[0].current == won[0]["configurable"]["checkpoint_id"]
+        assert len(list(saver.list({"configurable": {"thread_id": "queue"}}))) == 2

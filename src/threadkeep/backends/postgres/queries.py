@@ -27,9 +27,16 @@ ON CONFLICT (thread_id) DO NOTHING
 """
 
 # ... then locks its row (writers of one thread queue here; other threads run in parallel)
-# and reads its owner and the head of the namespace it writes. The row is not rewritten.
-THREAD_FOR_WRITE = """
-SELECT t.tid, t.owner,
+# and reads its owner. The row is not rewritten.
+LOCK_THREAD = """
+SELECT tid, owner FROM tk_threads WHERE thread_id = %(thread_id)s FOR UPDATE
+"""
+
+# The head of the namespace a write continues, and whether its checkpoint is stored already.
+# Its own statement, after the lock: a statement reads the snapshot it started with, and a
+# writer that waited for the lock must see what the one before it committed (SPEC W2).
+THREAD_HEAD = """
+SELECT
     (SELECT c.checkpoint_id FROM tk_checkpoints AS c
      WHERE c.tid = t.tid AND c.checkpoint_ns = %(checkpoint_ns)s
      ORDER BY c.checkpoint_id DESC LIMIT 1),
@@ -37,7 +44,6 @@ SELECT t.tid, t.owner,
             WHERE c.tid = t.tid AND c.checkpoint_ns = %(checkpoint_ns)s
               AND c.checkpoint_id = %(checkpoint_id)s::text)
 FROM tk_threads AS t WHERE t.thread_id = %(thread_id)s
-FOR UPDATE OF t
 """
 
 THREAD_FOR_READ = """
@@ -496,7 +502,7 @@ WAITING_PAGE = _PAGE.format(past=_WAITING)
 FINISHED_COUNT = f"SELECT count(*) FROM tk_threads AS t WHERE {_FINISHED}"
 WAITING_COUNT = f"SELECT count(*) FROM tk_threads AS t WHERE {_WAITING}"
 
-# A delete first locks the threads' rows: a writer that holds one (THREAD_FOR_WRITE) commits
+# A delete first locks the threads' rows: a writer that holds one (LOCK_THREAD) commits
 # first, and the statements after the lock see what it wrote; a writer that comes later waits,
 # then finds the thread gone and starts a new one (the sweep's next round deletes it again).
 LOCK_THREADS = f"SELECT tid FROM tk_threads WHERE tid IN {_TIDS} ORDER BY tid FOR UPDATE"

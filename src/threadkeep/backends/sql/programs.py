@@ -81,7 +81,8 @@ class SqlDialect(Protocol):
     PROBE_WIDTH: int
     LOCK_SCHEMA: str
     INSERT_THREAD: str
-    THREAD_FOR_WRITE: str
+    LOCK_THREAD: str
+    THREAD_HEAD: str
     THREAD_FOR_READ: str
     PROBE_LINKS: str
     SELECT_MESSAGES: str
@@ -153,16 +154,21 @@ def put(q: SqlDialect, step: PutStep) -> Program[RunnableConfig]:
     """
     target = step.target
     ns = target.checkpoint_ns
-    lookup = Sql(
-        q.THREAD_FOR_WRITE,
-        {"thread_id": target.thread_id, "checkpoint_ns": ns, "checkpoint_id": step.checkpoint_id},
+    # The head is read by a statement of its own after the lock: one that waited for the lock
+    # must see what the writer before it committed.
+    lookup = (
+        Sql(q.LOCK_THREAD, {"thread_id": target.thread_id}),
+        Sql(
+            q.THREAD_HEAD,
+            {"thread_id": target.thread_id, "checkpoint_ns": ns, "checkpoint_id": step.checkpoint_id},
+        ),
     )
     probes = tuple(_probe(q, target.thread_id, chain.nodes, len(chain.nodes)) for chain in step.chains)
-    results = yield Batch((lookup, *probes))
+    results = yield Batch((*lookup, *probes))
     if not results[0]:
         thread = {"thread_id": target.thread_id, "owner": target.actor.user_id, "now": step.now}
-        results = (yield Batch((Sql(q.INSERT_THREAD, thread), lookup, *probes)))[1:]
-    ((tid, owner, head_id, stored),) = results[0]
+        results = (yield Batch((Sql(q.INSERT_THREAD, thread), *lookup, *probes)))[1:]
+    ((tid, owner),), ((head_id, stored),) = results[0], results[1]
     check_owner(
         thread_id=target.thread_id,
         owner=owner,
@@ -180,7 +186,7 @@ def put(q: SqlDialect, step: PutStep) -> Program[RunnableConfig]:
         branch_from=step.branch_from,
     )
     rows: list[Sql | SqlMany] = []
-    for chain, probed in zip(step.chains, results[1:], strict=True):
+    for chain, probed in zip(step.chains, results[2:], strict=True):
         known = yield from _stored_prefix(q, target.thread_id, chain.nodes, probed)
         rows.extend(_chain_rows(q, int(tid), chain, known))
     # A channel emptied in this step (a consumed branch, say) gets no row: a version with no
@@ -613,10 +619,10 @@ def copy_thread(q: SqlDialect, source: str, target: str, actor: Actor, now: floa
     results = yield Batch(
         (
             Sql(q.INSERT_THREAD, {"thread_id": target, "owner": actor.user_id, "now": now}),
-            Sql(q.THREAD_FOR_WRITE, {"thread_id": target, "checkpoint_ns": "", "checkpoint_id": None}),
+            Sql(q.LOCK_THREAD, {"thread_id": target}),
         )
     )
-    ((target_tid, owner, _, _),) = results[1]
+    ((target_tid, owner),) = results[1]
     check_owner(thread_id=target, owner=owner, user_id=actor.user_id, enforce=actor.checks_owner)
     yield Batch(
         tuple(Sql(statement, {"source": source_tid, "target": target_tid}) for statement in q.COPY_THREAD)

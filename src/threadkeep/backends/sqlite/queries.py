@@ -25,8 +25,10 @@ ON CONFLICT (thread_id) DO NOTHING
 
 # ... then reads its owner and the head of the namespace it writes; nothing is rewritten.
 # (SQLite's write lock, taken by BEGIN IMMEDIATE, already serializes writers.)
-THREAD_FOR_WRITE = """
-SELECT t.tid, t.owner,
+LOCK_THREAD = "SELECT tid, owner FROM tk_threads WHERE thread_id = :thread_id"
+
+THREAD_HEAD = """
+SELECT
     (SELECT c.checkpoint_id FROM tk_checkpoints AS c
      WHERE c.tid = t.tid AND c.checkpoint_ns = :checkpoint_ns
      ORDER BY c.checkpoint_id DESC LIMIT 1),
