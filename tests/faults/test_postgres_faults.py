@@ -115,15 +115,32 @@ def test_w4_postgres_refusing_connections_fails_the_run_and_leaves_nothing_half_
         assert direct.stats("outage")["messages"] == MESSAGES_PER_TURN
 
 
-def test_w2_writers_queued_on_the_thread_lock_cannot_both_continue_the_head(provider: Any) -> None:
+# A server (or role) whose default isolation is stricter than READ COMMITTED: the saver's
+# transactions pin their own level, so the head read after the lock still sees the winner.
+SERVER_DEFAULTS = {
+    "read committed": "",
+    "repeatable read": r"-c default_transaction_isolation=repeatable\ read",
+}
+
+
+@pytest.mark.parametrize("server_default", sorted(SERVER_DEFAULTS), ids=lambda level: level.replace(" ", "-"))
+def test_w2_writers_queued_on_the_thread_lock_cannot_both_continue_the_head(
+    provider: Any, server_default: str
+) -> None:
     """Two puts continue the same head while a third party holds the thread's row lock: both
     wait, and when it is released the first to get the lock writes; the second must see that
     write and be refused (a head read in the statement that waited would still see the old one)."""
+    import psycopg
     from langgraph.checkpoint.base import create_checkpoint, empty_checkpoint
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
     dsn = postgres_schema(uuid.uuid4().hex)
     name = f"tk-queue-{uuid.uuid4().hex[:8]}"
-    with open_checkpointer("postgres", f"{dsn} application_name={name}", settings=Settings()) as saver:
+    options = f"{conninfo_to_dict(dsn)['options']} {SERVER_DEFAULTS[server_default]}"
+    saver_dsn = make_conninfo(dsn, options=options, application_name=name)
+    with psycopg.connect(saver_dsn) as probe:
+        assert probe.execute("SHOW default_transaction_isolation").fetchone() == (server_default,)
+    with open_checkpointer("postgres", saver_dsn, settings=Settings()) as saver:
         start = {"configurable": {"thread_id": "queue", "checkpoint_ns": ""}}
         root = saver.put(start, empty_checkpoint(), {}, {})
         outcome: dict[int, Any] = {}
@@ -134,8 +151,6 @@ def test_w2_writers_queued_on_the_thread_lock_cannot_both_continue_the_head(prov
                 outcome[racer] = saver.put(root, checkpoint, {"step": racer}, {})
             except Exception as error:
                 outcome[racer] = error
-
-        import psycopg
 
         with psycopg.connect(dsn, autocommit=True) as holder:
             holder.execute("BEGIN")

@@ -298,7 +298,9 @@ def _fused_results(batch: Batch, rows: list[Any]) -> list[Any]:
 
 # A statement of a round trip: transaction control as bare text, or a program's request.
 _Statement = str | Sql | SqlMany
-_BEGIN = "BEGIN"
+# Pinned, not the server's default: a put reads the head after it has the thread's lock, and
+# only READ COMMITTED gives that read a snapshot taken after the lock holder's commit.
+_BEGIN = "BEGIN ISOLATION LEVEL READ COMMITTED"
 _COMMIT = "COMMIT"
 
 
