@@ -16,7 +16,7 @@ from typing_extensions import TypedDict
 
 from tests.providers import REDIS_URL, postgres_schema, stored_checkpoint_ids
 from threadkeep import Settings, StaleStateError, open_checkpointer
-from threadkeep.backends.tiered.cache import NO_VERSION
+from threadkeep.backends.tiered.cache import NO_VERSION, REMOVED_HOLD_MS
 from threadkeep.metrics import CACHE_EVENTS, Metrics
 from threadkeep.workload import build_agent, turn_input
 
@@ -215,7 +215,8 @@ def test_t4_a_state_with_no_durable_version_never_overwrites_one(tiered: Tiered)
     step = steps[-1]
     whole = step.whole() if step.whole else step
     # An entry written with -1 takes any durable version afterwards...
-    engine.run(lambda: cache.forget("t4-sentinel", "anonymous"))
+    for key in cache.keys("t4-sentinel", "anonymous"):
+        tiered.redis.delete(key)
     assert engine.run(lambda: cache.store(whole, "anonymous", whole=True, version=NO_VERSION)) == "ok"
     assert tiered.cached_version("t4-sentinel") == NO_VERSION
     assert engine.run(lambda: cache.store(whole, "anonymous", whole=True)) == "ok"
@@ -236,12 +237,53 @@ def test_t5_a_conflict_clears_the_entry_and_the_thread_recovers(tiered: Tiered) 
     graph.invoke(turn_input(1), cfg("t5"))  # the thread moves on
     assert tiered.entry("t5")
     checkpoint = {**stale.checkpoint, "id": str(uuid.uuid1())}
+    head = tiered.durable_ids("t5")[-1]
     with pytest.raises(StaleStateError):
         tiered.saver.put(stale.config, checkpoint, {"source": "loop", "step": 99}, {})
-    assert tiered.entry("t5") == {}
+    # the state is gone from the entry; only its version stays, for the compare-and-set
+    thread_key = tiered.saver.backend.cache.keys("t5", "anonymous")[0]
+    assert tiered.entry("t5") == {thread_key: {b"version\0": head.encode()}}
     assert tiered.events("cleared") >= 1
     graph.invoke(turn_input(2), cfg("t5"))  # the next run reads Postgres and goes on
     assert tiered.cached_version("t5") == tiered.durable_ids("t5")[-1]
+
+
+def test_t5_a_write_that_arrives_after_the_conflict_cannot_bring_an_older_state_back(
+    tiered: Tiered,
+) -> None:
+    steps = recorded_steps(tiered.saver)
+    graph = build_agent(tiered.saver)
+    graph.invoke(turn_input(0), cfg("t5-late"))
+    stale = tiered.saver.get_tuple(cfg("t5-late"))
+    graph.invoke(turn_input(1), cfg("t5-late"))
+    late = steps[-3]  # an older state of the thread, whose cache write was held up
+    with pytest.raises(StaleStateError):
+        tiered.saver.put(stale.config, {**stale.checkpoint, "id": str(uuid.uuid1())}, {}, {})
+    cache, engine = tiered.saver.backend.cache, tiered.saver.backend.engine.cache
+    outcome = engine.run(lambda: cache.store(late.whole() if late.whole else late, "anonymous", whole=True))
+    assert outcome == "skipped"
+    with open_checkpointer("postgres", tiered.dsn, settings=Settings()) as postgres:
+        expected = postgres.get_tuple(cfg("t5-late"))
+    assert tiered.saver.get_tuple(cfg("t5-late")).checkpoint == expected.checkpoint
+    assert tiered.cached_version("t5-late") == expected.checkpoint["id"]  # seeded from Postgres
+
+
+def test_t5_a_write_that_arrives_after_a_delete_cannot_bring_the_thread_back(tiered: Tiered) -> None:
+    steps = recorded_steps(tiered.saver)
+    build_agent(tiered.saver).invoke(turn_input(0), cfg("t5-gone"))
+    late = steps[-1]  # the newest state: its cache write (or a seed of it) was held up
+    tiered.saver.delete_thread("t5-gone")
+    cache, engine = tiered.saver.backend.cache, tiered.saver.backend.engine.cache
+    outcome = engine.run(lambda: cache.store(late.whole() if late.whole else late, "anonymous", whole=True))
+    assert outcome == "skipped"
+    assert tiered.saver.get_tuple(cfg("t5-gone")) is None
+    assert tiered.saver.get_tuple(cfg("t5-gone")) is None  # the miss seeded nothing either
+    assert tiered.cached_version("t5-gone") is None
+    # the held entry lives a short while, not the cache's TTL, and a new run works meanwhile
+    thread_key = cache.keys("t5-gone", "anonymous")[0]
+    assert 0 < tiered.redis.pttl(thread_key) <= REMOVED_HOLD_MS
+    build_agent(tiered.saver).invoke(turn_input(0), cfg("t5-gone"))
+    assert len(tiered.saver.get_tuple(cfg("t5-gone")).checkpoint["channel_values"]["messages"]) == 8
 
 
 # --- T6 ---------------------------------------------------------------------------------------
@@ -269,6 +311,27 @@ def test_t6_pending_writes_match_postgres(tiered: Tiered) -> None:
     assert cached.pending_writes == durable.pending_writes
     writes_key = tiered.saver.backend.cache.keys("t6", "anonymous")[5]
     assert tiered.redis.hlen(writes_key) == len(durable.pending_writes)
+
+
+def test_t6_the_same_state_seeded_again_keeps_its_pending_writes(tiered: Tiered) -> None:
+    """A second reader's seed of the state the entry holds (an equal version) arrives after
+    the writes were added: the entry keeps them."""
+    steps = recorded_steps(tiered.saver)
+    graph = build_agent(tiered.saver)
+    graph.invoke(turn_input(0), cfg("t6-seed"))
+    last = steps[-1]
+    tiered.saver.put_writes(
+        {"configurable": {"thread_id": "t6-seed", "checkpoint_ns": "", "checkpoint_id": last.checkpoint_id}},
+        [("messages", "pending")],
+        "task-1",
+    )
+    cache, engine = tiered.saver.backend.cache, tiered.saver.backend.engine.cache
+    assert (
+        engine.run(lambda: cache.store(last.whole() if last.whole else last, "anonymous", whole=True)) == "ok"
+    )
+    hit = tiered.saver.get_tuple(cfg("t6-seed"))
+    assert tiered.events("hit") >= 1
+    assert hit.pending_writes == [("task-1", "messages", "pending")]
 
 
 # --- T7 ---------------------------------------------------------------------------------------

@@ -10,7 +10,8 @@ Each operation is a tiered program over the Postgres provider's programs and the
 - ``get_tuple`` of the newest state: the cache; on a miss or a cache error, Postgres, and the
   state read is written to the cache (T3). Reads of history (an explicit checkpoint id,
   ``list``) go to Postgres.
-- deletes, copies and prunes: Postgres, then the affected entries are removed.
+- deletes, copies and prunes: Postgres, then the affected entries are cleared and held for a
+  while, so a write under way cannot bring the removed state back (``lua/forget.lua``).
 
 An entry is keyed by thread and user: under user isolation the user is the thread's owner
 (the only user who may read it; an operator's call looks the owner up), without isolation
@@ -93,11 +94,13 @@ class TieredBackend:
         owner: str | None = yield Durable(lambda: self.durable.owner_of(thread_id))
         return owner
 
-    def _forget(self, thread_id: str, user: str | None) -> Program[None]:
+    def _forget(self, thread_id: str, user: str | None, *, removed: bool = False) -> Program[None]:
+        """Clear the entry; ``removed``: the thread's durable state was removed (see
+        :meth:`StateCache.forget`)."""
         if user is None:
             return
-        removed = yield Cached(lambda: self.cache.forget(thread_id, user), "clear an entry")
-        if removed:
+        existed = yield Cached(lambda: self.cache.forget(thread_id, user, removed=removed), "clear an entry")
+        if existed:
             self.metrics.inc(CACHE_EVENTS, event="cleared")
 
     # writes ------------------------------------------------------------------------------------
@@ -162,19 +165,19 @@ class TieredBackend:
     def delete_thread(self, thread_id: str, owner: str | None) -> Program[bool]:
         user = yield from self._entry_user(thread_id, Actor(owner or "", owner))
         deleted = yield Durable(lambda: self.durable.delete_thread(thread_id, owner), write=True)
-        yield from self._forget(thread_id, user)
+        yield from self._forget(thread_id, user, removed=True)
         return bool(deleted)
 
     def delete_for_runs(self, run_ids: Sequence[str], owner: str | None) -> Program[int]:
         threads = yield Durable(lambda: self.durable.run_threads(run_ids, owner))
         removed = yield Durable(lambda: self.durable.delete_for_runs(run_ids, owner), write=True)
         for thread_id, thread_owner in threads:
-            yield from self._forget(thread_id, thread_owner if self.isolate else _SHARED)
+            yield from self._forget(thread_id, thread_owner if self.isolate else _SHARED, removed=True)
         return int(removed)
 
     def copy_thread(self, source: str, target: str, actor: Actor, now: float) -> Program[bool]:
         copied = yield Durable(lambda: self.durable.copy_thread(source, target, actor, now), write=True)
-        yield from self._forget(target, (yield from self._entry_user(target, actor)))
+        yield from self._forget(target, (yield from self._entry_user(target, actor)), removed=True)
         return bool(copied)
 
     def prune(self, thread_ids: Iterable[str], strategy: str, owner: str | None) -> Program[None]:
@@ -184,7 +187,7 @@ class TieredBackend:
             users.append((yield from self._entry_user(thread_id, Actor(owner or "", owner))))
         yield Durable(lambda: self.durable.prune(ids, strategy, owner), write=True)
         for thread_id, user in zip(ids, users, strict=True):
-            yield from self._forget(thread_id, user)
+            yield from self._forget(thread_id, user, removed=True)
 
     # retention: Postgres keeps it; a swept thread's entry leaves with it -----------------------
 
@@ -220,7 +223,8 @@ class TieredBackend:
         gone = set(deleted)
         for thread in threads:
             if thread.thread_id in gone:
-                yield from self._forget(thread.thread_id, thread.owner if self.isolate else _SHARED)
+                owner = thread.owner if self.isolate else _SHARED
+                yield from self._forget(thread.thread_id, owner, removed=True)
         return deleted
 
     def threads_named(self, thread_ids: Sequence[str]) -> Program[list[ExpiredThread]]:

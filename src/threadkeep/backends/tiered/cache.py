@@ -9,7 +9,10 @@ The entry carries the version of the state it holds (its checkpoint id; ``-1`` f
 with no durable version yet, lower than any). ``cache_put`` is a compare-and-set on it: a
 state that continues the cached one applies; an older one is refused (``skipped``), an
 equal one applies again. A step whose parent the entry does not hold (after a miss, a skipped
-write or an eviction) is answered ``full``, and the whole state is sent instead.
+write or an eviction) is answered ``full``, and the whole state is sent instead. Clearing an
+entry (``forget``) keeps what the compare-and-set needs: its versions after a conflict, and a
+hold that refuses every write for a while after the thread's state was removed, so a write
+that was under way cannot bring a deleted or older state back.
 """
 
 from __future__ import annotations
@@ -28,9 +31,12 @@ from threadkeep.core.program import Program
 from threadkeep.core.records import PutStep, StoredCheckpoint, Target, WritesStep
 from threadkeep.errors import CheckpointSerializationError, StorageError
 
-__all__ = ["NO_VERSION", "StateCache"]
+__all__ = ["NO_VERSION", "REMOVED_HOLD_MS", "StateCache"]
 
 NO_VERSION = "-1"
+# How long the entry of a removed thread refuses writes: a write that read or stored the old
+# state before the removal and reaches Redis after it must not bring the state back.
+REMOVED_HOLD_MS = 60_000
 _TRIES = 4
 
 
@@ -134,7 +140,15 @@ class StateCache:
             return None
         return stored.to_tuple(serde, lists)
 
-    def forget(self, thread_id: str, user: str) -> Program[int]:
-        """Remove the entry (SPEC T5); returns how many of its keys existed."""
-        removed = yield Script("forget", self.keys(thread_id, user), [])
-        return int(removed)
+    def forget(self, thread_id: str, user: str, *, removed: bool) -> Program[int]:
+        """Remove the entry's state (SPEC T5); returns how many of its keys held some.
+
+        Args:
+            removed: The thread's durable state was removed (deleted, pruned, copied over):
+                the entry refuses every write for :data:`REMOVED_HOLD_MS`. Otherwise (a
+                conflict) it keeps its versions, so only the durable head or a newer state
+                can fill it again.
+        """
+        mode = "hold" if removed else "keep"
+        existed = yield Script("forget", self.keys(thread_id, user), [mode, REMOVED_HOLD_MS])
+        return int(existed)

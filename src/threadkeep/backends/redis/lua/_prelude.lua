@@ -117,6 +117,18 @@ local function keep_newest(ns, keep)
     return #old
 end
 
+-- Removes every checkpoint of a namespace but `checkpoint_id`, and the values only they used.
+local function keep_only(ns, checkpoint_id)
+    local low, high = ns_bounds(ns)
+    local kept = ns .. NUL .. checkpoint_id
+    for _, member in ipairs(redis.call("ZRANGEBYLEX", KEYS[3], low, high)) do
+        if member ~= kept then
+            drop_checkpoint(ns, string.sub(member, #ns + 2))
+        end
+    end
+    collect_blobs(ns)
+end
+
 -- The step rows of a put, from ARGV[at] on: c prefix nodes (each message list's known
 -- prefix, which must be stored already), then n blob pairs, m message pairs, l link pairs
 -- (see put.lua). Returns the index of the first list whose prefix is not stored, or nil.

@@ -9,12 +9,16 @@
 -- ARGV[9] "1": the state is whole (it replaces the namespace); "0": one step over the parent
 -- ARGV[10] checkpoint record
 -- ARGV[11] on: the step rows, laid out as put.lua's
--- Returns {"ok"}; {"skipped", cached version}: the entry holds a newer state (T4); {"full"}:
+-- Returns {"ok"}; {"skipped", cached version}: the entry holds a newer state (T4), or
+-- {"skipped", "gone"}: the thread's state was removed moments ago (forget.lua); {"full"}:
 -- the entry does not hold the parent, so a step cannot apply: send the whole state; or
 -- {"resend", i}: list i's prefix is not stored.
 local ns, checkpoint_id, version, parent = ARGV[5], ARGV[6], ARGV[7], ARGV[8]
 local whole = ARGV[9] == "1"
 local field = "version" .. NUL .. ns
+if redis.call("HEXISTS", KEYS[1], "gone") == 1 then
+    return {"skipped", "gone"}
+end
 local cached = redis.call("HGET", KEYS[1], field)
 
 -- A state that continues the cached one always applies; otherwise an older one is refused.
@@ -31,12 +35,15 @@ if missing then
     return {"resend", missing}
 end
 
-if whole then
-    keep_newest(ns, 0)
-end
 own(ARGV[1], ARGV[2], ARGV[3])
 store_step(11, ns, checkpoint_id, ARGV[10])
-keep_newest(ns, 1)
+if whole then
+    -- The state replaces the namespace. Its own pending writes stay: the same state seeded
+    -- again (an equal version) must not lose the writes stored with it (T6).
+    keep_only(ns, checkpoint_id)
+else
+    keep_newest(ns, 1)
+end
 drop_writes_before(ns, checkpoint_id)
 redis.call("HSET", KEYS[1], field, version)
 touch(ARGV[4])

@@ -6,7 +6,8 @@
 -- ARGV[7] checkpoint id   ARGV[8] history limit ("0" = none: writes of a checkpoint the
 --                         limit already pruned are dropped with it)
 -- ARGV[9] "1" for the tiered cache (T6): drop the writes of a checkpoint older than the
---         entry's state (they can never be read from it); keep those of the entry's checkpoint
+--         entry's state (they can never be read from it), and every write while the entry is
+--         held after its thread was removed (forget.lua); keep those of the entry's checkpoint
 --         and of a newer one (LangGraph may write a task's writes before its put lands).
 --         "0" otherwise
 -- ARGV[10] n, then n triples: "<task id>\0<idx>", "<task path>\0<channel>\0<type>\0<value>",
@@ -19,6 +20,9 @@ if owner and ARGV[3] ~= "" and owner ~= ARGV[3] then
 end
 local limit = tonumber(ARGV[8])
 local member = ns .. NUL .. checkpoint_id
+if ARGV[9] == "1" and redis.call("HEXISTS", KEYS[1], "gone") == 1 then
+    return {"dropped"}
+end
 if ARGV[9] == "1" and redis.call("HEXISTS", KEYS[2], member) == 0 then
     local cached = redis.call("HGET", KEYS[1], "version" .. NUL .. ns)
     if cached and cached ~= "-1" and checkpoint_id < cached then
