@@ -43,6 +43,15 @@ def through(proxy: TcpProxy, dsn: str, name: str) -> str:
     return f"{dsn} host=127.0.0.1 port={proxy.port} application_name={name}"
 
 
+def lock_waiters(conn: Any, application_name: str) -> int:
+    """How many backends of ``application_name`` are waiting for a lock."""
+    row = conn.execute(
+        "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s AND wait_event_type = 'Lock'",
+        (application_name,),
+    ).fetchone()
+    return int(row[0])
+
+
 def checkpoints(dsn: str, thread_id: str) -> int:
     with open_checkpointer("postgres", dsn, settings=Settings()) as saver:
         return len(list(saver.list({"configurable": {"thread_id": thread_id}})))
@@ -160,16 +169,9 @@ def test_w2_writers_queued_on_the_thread_lock_cannot_both_continue_the_head(
                 racer.start()
             with admin() as conn:
                 deadline = time.monotonic() + 10
-                while time.monotonic() < deadline:
-                    waiting = conn.execute(
-                        "SELECT count(*) FROM pg_stat_activity "
-                        "WHERE application_name = %s AND wait_event_type = 'Lock'",
-                        (name,),
-                    ).fetchone()[0]
-                    if waiting == 2:
-                        break
+                while lock_waiters(conn, name) < 2 and time.monotonic() < deadline:
                     time.sleep(0.02)
-                assert waiting == 2, "both puts should be waiting for the thread's lock"
+                assert lock_waiters(conn, name) == 2, "both puts should be waiting for the thread's lock"
             holder.execute("COMMIT")
             for racer in racers:
                 racer.join(10)
@@ -181,3 +183,65 @@ def test_w2_writers_queued_on_the_thread_lock_cannot_both_continue_the_head(
         assert stale[0].expected == root["configurable"]["checkpoint_id"]
         assert stale[0].current == won[0]["configurable"]["checkpoint_id"]
         assert len(list(saver.list({"configurable": {"thread_id": "queue"}}))) == 2
+
+
+def test_deleting_a_run_while_a_put_reuses_its_values_keeps_the_values_the_put_needs(provider: Any) -> None:
+    """A put continues a checkpoint of run ``r1`` and keeps its channel ``kept`` unchanged, so
+    the new checkpoint refers to the value ``r1`` stored. ``delete_for_runs(["r1"])`` runs
+    while that put is in flight: it must wait for the put and keep the value, not collect it
+    as unreferenced from a snapshot that does not hold the new checkpoint yet."""
+    import psycopg
+    from langgraph.checkpoint.base import empty_checkpoint
+
+    dsn = postgres_schema(uuid.uuid4().hex)
+    name = f"tk-runs-{uuid.uuid4().hex[:8]}"
+    with open_checkpointer("postgres", f"{dsn} application_name={name}", settings=Settings()) as saver:
+        start = {"configurable": {"thread_id": "runs", "checkpoint_ns": ""}}
+        first = {
+            **empty_checkpoint(),
+            "channel_values": {"kept": "from r1"},
+            "channel_versions": {"kept": "1"},
+        }
+        config = saver.put(start, first, {"run_id": "r1"}, {"kept": "1"})
+        second = {
+            **empty_checkpoint(),
+            "channel_values": {"kept": "from r1", "added": "by r2"},
+            "channel_versions": {"kept": "1", "added": "2"},
+        }
+        outcome: dict[str, Any] = {}
+
+        def put() -> None:
+            outcome["put"] = saver.put(config, second, {"run_id": "r2"}, {"added": "2"})
+
+        def delete() -> None:
+            saver.delete_for_runs(["r1"])
+            outcome["deleted"] = True
+
+        with psycopg.connect(dsn, autocommit=True) as holder, admin() as watcher:
+            # The put's value insert will wait for this uncommitted row of the same key: the
+            # put is then in flight, holding the thread's lock, its checkpoint not committed.
+            holder.execute("BEGIN")
+            holder.execute(
+                "INSERT INTO tk_blobs (tid, checkpoint_ns, channel, version, type, value) "
+                "SELECT tid, '', 'added', '2', 'held', '' FROM tk_threads WHERE thread_id = 'runs'"
+            )
+            putter, deleter = threading.Thread(target=put), threading.Thread(target=delete)
+            putter.start()
+            deadline = time.monotonic() + 10
+            while lock_waiters(watcher, name) < 1 and time.monotonic() < deadline:
+                time.sleep(0.02)
+            assert lock_waiters(watcher, name) == 1, "the put should be waiting on the held value row"
+            deleter.start()
+            deadline = time.monotonic() + 10
+            while lock_waiters(watcher, name) < 2 and deleter.is_alive() and time.monotonic() < deadline:
+                time.sleep(0.02)
+            holder.execute("ROLLBACK")
+            putter.join(10)
+            deleter.join(10)
+
+        assert outcome.get("deleted"), outcome
+        assert "put" in outcome, outcome
+        head = saver.get_tuple({"configurable": {"thread_id": "runs"}})
+        assert head.checkpoint["id"] == second["id"]
+        assert head.checkpoint["channel_values"] == {"kept": "from r1", "added": "by r2"}
+        assert [t.checkpoint["id"] for t in saver.list(start)] == [second["id"]]

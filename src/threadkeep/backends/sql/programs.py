@@ -346,6 +346,12 @@ def _thread_tid(q: SqlDialect, thread_id: str, owner: str | None) -> Program[int
     return int(rows[0][0]) if rows else None
 
 
+def _lock_threads(q: SqlDialect, tids: set[int]) -> Program[None]:
+    """Lock the threads ``tids`` (SQLite: the transaction holds the database already): a
+    write in flight on one of them ends first, and the statements after this one see it."""
+    yield Sql(q.LOCK_THREADS, {"tids": q.text_list([str(tid) for tid in sorted(tids)])})
+
+
 def _stored(
     thread_id: str, checkpoint_ns: str, rows: list[Any], *, branch: bool
 ) -> tuple[StoredCheckpoint, dict[bytes, list[tuple[int, bytes, str, bytes]]]]:
@@ -580,8 +586,19 @@ def delete_thread(q: SqlDialect, thread_id: str, owner: str | None) -> Program[b
 
 
 def delete_for_runs(q: SqlDialect, run_ids: Sequence[str], owner: str | None) -> Program[int]:
-    """Delete the checkpoints (and their writes) the given runs stored; returns how many."""
-    rows = yield Sql(q.SELECT_RUN_CHECKPOINTS, {"run_ids": q.text_list(list(run_ids)), "owner": owner})
+    """Delete the checkpoints (and their writes) the given runs stored; returns how many.
+
+    The threads concerned are locked first and the runs' checkpoints read again: a put in
+    flight on one of them may reuse a value only those checkpoints refer to, and the values
+    left unreferenced are collected only once that put's checkpoint can be seen.
+    """
+    query = {"run_ids": q.text_list(list(run_ids)), "owner": owner}
+    rows = yield Sql(q.SELECT_RUN_CHECKPOINTS, query)
+    if not rows:
+        return 0
+    locked = {int(tid) for tid, _, _ in rows}
+    yield from _lock_threads(q, locked)
+    rows = [row for row in (yield Sql(q.SELECT_RUN_CHECKPOINTS, query)) if int(row[0]) in locked]
     statements: list[Sql | SqlMany] = []
     touched: set[tuple[int, str]] = set()
     for tid, ns, checkpoint_id in rows:
@@ -605,6 +622,7 @@ def prune(q: SqlDialect, thread_ids: Iterable[str], strategy: str, owner: str | 
         tid = yield from _thread_tid(q, thread_id, owner)
         if tid is None:
             continue
+        yield from _lock_threads(q, {tid})  # as delete_for_runs: after any put in flight
         namespaces = yield Sql(q.SELECT_NAMESPACES, {"tid": tid})
         statements = [statement for (ns,) in namespaces for statement in _keep_newest(q, tid, ns, 1)]
         if statements:
