@@ -245,3 +245,63 @@ def test_deleting_a_run_while_a_put_reuses_its_values_keeps_the_values_the_put_n
         assert head.checkpoint["id"] == second["id"]
         assert head.checkpoint["channel_values"] == {"kept": "from r1", "added": "by r2"}
         assert [t.checkpoint["id"] for t in saver.list(start)] == [second["id"]]
+
+
+def test_writes_that_race_a_delete_of_their_thread_leave_no_rows_behind(provider: Any) -> None:
+    """A task's writes are in flight (their insert waits on a row another transaction holds)
+    when the thread is deleted. They must either land before the delete, and go with the
+    thread, or find the thread gone: never stay behind as rows no thread owns (SPEC SW5)."""
+    import psycopg
+    from langgraph.checkpoint.base import empty_checkpoint
+
+    dsn = postgres_schema(uuid.uuid4().hex)
+    name = f"tk-orphan-{uuid.uuid4().hex[:8]}"
+    with open_checkpointer("postgres", f"{dsn} application_name={name}", settings=Settings()) as saver:
+        start = {"configurable": {"thread_id": "doomed", "checkpoint_ns": ""}}
+        config = saver.put(start, empty_checkpoint(), {}, {})
+        checkpoint_id = config["configurable"]["checkpoint_id"]
+        outcome: dict[str, Any] = {}
+
+        def put_writes() -> None:
+            saver.put_writes(config, [("messages", "late")], "task-1")
+            outcome["written"] = True
+
+        def delete() -> None:
+            saver.delete_thread("doomed")
+            outcome["deleted"] = True
+
+        with psycopg.connect(dsn, autocommit=True) as holder, admin() as watcher:
+            holder.execute("BEGIN")
+            holder.execute(
+                "INSERT INTO tk_writes (tid, checkpoint_ns, checkpoint_id, task_id, idx, task_path, "
+                "channel, type, value) SELECT tid, '', %s, 'task-1', 0, '', 'messages', 'held', '' "
+                "FROM tk_threads WHERE thread_id = 'doomed'",
+                (checkpoint_id,),
+            )
+            writer, deleter = threading.Thread(target=put_writes), threading.Thread(target=delete)
+            writer.start()
+            deadline = time.monotonic() + 10
+            while lock_waiters(watcher, name) < 1 and time.monotonic() < deadline:
+                time.sleep(0.02)
+            assert lock_waiters(watcher, name) == 1, "the writes should be waiting on the held row"
+            deleter.start()
+            deadline = time.monotonic() + 10
+            while lock_waiters(watcher, name) < 2 and deleter.is_alive() and time.monotonic() < deadline:
+                time.sleep(0.02)
+            holder.execute("ROLLBACK")
+            writer.join(10)
+            deleter.join(10)
+            assert outcome == {"written": True, "deleted": True}
+            orphans = watcher.execute(
+                f"SELECT (SELECT count(*) FROM {conninfo_schema(dsn)}.tk_writes), "
+                f"(SELECT count(*) FROM {conninfo_schema(dsn)}.tk_threads)"
+            ).fetchone()
+        assert orphans == (0, 0)
+        assert saver.get_tuple({"configurable": {"thread_id": "doomed"}}) is None
+
+
+def conninfo_schema(dsn: str) -> str:
+    """The schema a test DSN's search_path names."""
+    from psycopg.conninfo import conninfo_to_dict
+
+    return str(conninfo_to_dict(dsn)["options"]).split("search_path=")[1].split()[0]

@@ -27,9 +27,10 @@ ON CONFLICT (thread_id) DO NOTHING
 """
 
 # ... then locks its row (writers of one thread queue here; other threads run in parallel)
-# and reads its owner. The row is not rewritten.
+# and reads its owner. The row is not rewritten, nor deleted: NO KEY UPDATE, which a task's
+# writes (below) do not wait for, as a delete's FOR UPDATE (LOCK_THREADS) makes them.
 LOCK_THREAD = """
-SELECT tid, owner FROM tk_threads WHERE thread_id = %(thread_id)s FOR UPDATE
+SELECT tid, owner FROM tk_threads WHERE thread_id = %(thread_id)s FOR NO KEY UPDATE
 """
 
 # The head of the namespace a write continues, and whether its checkpoint is stored already.
@@ -137,8 +138,10 @@ DO UPDATE SET type = EXCLUDED.type, value = EXCLUDED.value
 
 # A task's writes are stored only if the writer may write the thread (W3) and, under a
 # history limit (%(offset)s set), their checkpoint was not pruned already (LangGraph may
-# deliver writes late). Guarded so, they need no transaction and take no lock: the
-# statement is idempotent, and a step's put does not wait behind it.
+# deliver writes late). Guarded so, they need no transaction: the statement is idempotent.
+# It holds the thread's row with FOR KEY SHARE, which a step's put (LOCK_THREAD) does not
+# wait for, and a delete (LOCK_THREADS) does: writes that read the thread before a delete
+# are committed before it deletes what the thread holds, or they find no thread.
 _WRITE_GUARD = """
 WHERE t.thread_id = %(thread_id)s
   AND (%(required_owner)s::text IS NULL OR t.owner = %(required_owner)s::text)
@@ -150,6 +153,7 @@ WHERE t.thread_id = %(thread_id)s
               (SELECT c.checkpoint_id FROM tk_checkpoints AS c
                WHERE c.tid = t.tid AND c.checkpoint_ns = %(checkpoint_ns)s
                ORDER BY c.checkpoint_id DESC LIMIT 1 OFFSET %(offset)s), ''))
+FOR KEY SHARE OF t
 """
 
 _WRITES = (
@@ -529,6 +533,7 @@ RECORD_PARK = """
 INSERT INTO tk_parks (tid, park_id, deadline)
 SELECT tid, %(park_id)s, %(deadline)s FROM tk_threads
 WHERE thread_id = %(thread_id)s AND (%(required_owner)s::text IS NULL OR owner = %(required_owner)s::text)
+FOR KEY SHARE
 ON CONFLICT (tid, park_id) DO UPDATE SET deadline = EXCLUDED.deadline
 RETURNING tid
 """
