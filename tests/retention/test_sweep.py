@@ -416,3 +416,39 @@ def test_sw7_the_sweep_refuses_a_runs_own_saver(tmp_path: Any) -> None:
             sweep_checkpoints(saver)
     finally:
         close_savers()
+
+
+@pytest.mark.providers("redis")
+def test_sw_a_run_that_starts_as_redis_deletes_its_thread_keeps_it(open_saver: Opener) -> None:
+    """The sweep checked that the thread is past due and not parked; a run starts on it, or
+    parks, before the delete reaches Redis: the delete must see that and keep the thread."""
+    clock = Clock()
+    saver = opened(open_saver, clock)
+    for thread in ("started", "parked", "done"):
+        write(saver, thread)
+    saver.mark_finished(["started", "parked", "done"])
+    clock.advance(61)
+    engine, space = saver.backend.engine, saver.backend.space
+    execute = engine._execute
+    moved: list[str] = []
+
+    def meanwhile(client: Any, request: Any) -> Any:
+        # Just before each thread's delete: another worker starts a run on it, or parks it.
+        keys = list(getattr(request, "keys", ()))[:1]
+        thread = next((t for t in ("started", "parked") if keys == list(space.thread(t)[:1])), None)
+        if getattr(request, "name", None) == "delete" and thread and thread not in moved:
+            moved.append(thread)
+            engine._execute = execute
+            if thread == "started":
+                saver.start_threads(["started"])
+            else:
+                saver.record_park("parked", "park-1", T0 + 300 * MINUTE)
+            engine._execute = meanwhile
+        return execute(client, request)
+
+    engine._execute = meanwhile
+    result = sweep_checkpoints(saver)
+    engine._execute = execute
+    assert sorted(moved) == ["parked", "started"]
+    assert (exists(saver, "started"), exists(saver, "parked"), exists(saver, "done")) == (True, True, False)
+    assert result.finished_swept == 1

@@ -399,7 +399,7 @@ def delete_thread(space: KeySpace, thread_id: str, owner: str | None) -> Program
     keys = space.thread(thread_id)
     before: int | None = None
     for round_number in range(1, _MAX_DELETE_ROUNDS + 1):
-        deleted = yield Script("delete", keys, [owner or ""])
+        deleted = yield Script("delete", keys, [owner or "", ""])
         if round_number == 1 and not deleted:
             if owner is None:  # an operator: a mark whose keys expired goes too
                 yield Command(("ZREM", space.finished_key, thread_id))
@@ -596,8 +596,10 @@ def mark_finished(
         minutes = declared.finished_minutes or min(
             platform_finished, declared.waiting_minutes or platform_finished
         )
-        marked[thread_id] = now + 60 * minutes
-        yield Command(("ZADD", space.finished_key, marked[thread_id], thread_id))
+        due = now + 60 * minutes
+        if (yield Script("finish", space.thread(thread_id), [due])):
+            marked[thread_id] = due
+            yield Command(("ZADD", space.finished_key, due, thread_id))
     return marked
 
 
@@ -627,16 +629,17 @@ def delete_threads(
     space: KeySpace, threads: Sequence[ExpiredThread], page: SweepPage | None = None
 ) -> Program[list[str]]:
     """One delete round of each thread, and its finished mark (the sweep drives the rounds);
-    with a sweep's ``page``, only threads still past due and not parked."""
+    with a sweep's ``page``, only threads still past due and not parked, as ``delete.lua``
+    checks in the script that deletes."""
     deleted = []
     for thread in threads:
         if page is not None:
             due = yield Command(("ZSCORE", space.finished_key, thread.thread_id))
             if due is None or float(due) > page.now:
                 continue  # a run started on it since the page was read
-            if (yield from live_parks(space, [thread.thread_id], page.now)):
-                continue
-        yield Script("delete", space.thread(thread.thread_id), [""])
+        now = "" if page is None else page.now
+        if (yield Script("delete", space.thread(thread.thread_id), ["", now])) == -1:
+            continue  # a run started or parked on it since
         yield Command(("ZREM", space.finished_key, thread.thread_id))
         deleted.append(thread.thread_id)
     return deleted

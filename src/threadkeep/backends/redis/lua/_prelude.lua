@@ -4,7 +4,8 @@
 -- Every per-thread script takes the nine keys of one thread as KEYS, in this order (all
 -- share the thread's hash tag, so a script runs on one Redis Cluster slot):
 --   KEYS[1] thread   HASH  id, owner, created, waiting_ms and finished_m (declared retention),
---                          "park\0<park id>" -> deadline (live parks)
+--                          finished_due (s; "" while a run is on it), "park\0<park id>" ->
+--                          deadline (live parks)
 --   KEYS[2] cps      HASH  "<ns>\0<checkpoint id>" -> checkpoint record (JSON)
 --   KEYS[3] heads    ZSET  "<ns>\0<checkpoint id>", score 0: newest per namespace by lex order
 --   KEYS[4] order    ZSET  "<checkpoint id>\0<ns>", score 0: newest across namespaces

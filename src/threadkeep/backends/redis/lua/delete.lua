@@ -1,10 +1,29 @@
 -- delete.lua: delete everything one thread holds, if the caller may see it.
 -- KEYS: the nine keys of the thread (see _prelude.lua).
 -- ARGV[1] owner filter ("" = any owner).
--- Returns 1 if the thread was deleted, 0 if there was none to see.
+-- ARGV[2] a sweep's now (s), or "" (delete unconditionally): the thread is deleted only if
+--         it is still finished and due by then (a run that started since has cleared its
+--         "finished_due", finish.lua and retain.lua) and holds no live park. Checked here, in
+--         the same script as the delete, so a run that starts or parks after the sweep read
+--         its page keeps its thread.
+-- Returns 1 if the thread was deleted, 0 if there was none to see, -1 if the sweep must
+-- keep it.
 local owner = redis.call("HGET", KEYS[1], "owner")
 if not owner or (ARGV[1] ~= "" and owner ~= ARGV[1]) then
     return 0
+end
+if ARGV[2] ~= "" then
+    local now = tonumber(ARGV[2])
+    local due = redis.call("HGET", KEYS[1], "finished_due")
+    if due and (due == "" or tonumber(due) > now) then
+        return -1
+    end
+    local fields = redis.call("HGETALL", KEYS[1])
+    for i = 1, #fields, 2 do
+        if string.sub(fields[i], 1, 5) == "park" .. NUL and tonumber(fields[i + 1]) > now then
+            return -1
+        end
+    end
 end
 redis.call("DEL", unpack(KEYS))
 return 1

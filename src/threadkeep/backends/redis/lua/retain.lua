@@ -1,5 +1,6 @@
 -- retain.lua: a run starts on a thread (SPEC RT3): record its declared retention and give
--- its keys the declared waiting retention as TTL (a later start replaces both).
+-- its keys the declared waiting retention as TTL (a later start replaces both); it is no
+-- longer finished.
 -- KEYS: the nine keys of the thread (see _prelude.lua).
 -- ARGV[1] thread id   ARGV[2] writer   ARGV[3] now (s)   ARGV[4] required owner ("" any)
 -- ARGV[5] declared waiting (ms, "" none)   ARGV[6] declared finished (minutes, "" none)
@@ -9,6 +10,8 @@ local owner = own(ARGV[1], ARGV[2], ARGV[3])
 if ARGV[4] ~= "" and owner ~= ARGV[4] then
     return {"forbidden", owner}
 end
+-- Running again: not finished (delete.lua keeps a thread whose "finished_due" is empty).
+redis.call("HSET", KEYS[1], "finished_due", "")
 if ARGV[5] == "" then
     redis.call("HDEL", KEYS[1], "waiting_ms")
 else
