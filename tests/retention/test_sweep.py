@@ -452,3 +452,24 @@ def test_sw_a_run_that_starts_as_redis_deletes_its_thread_keeps_it(open_saver: O
     assert sorted(moved) == ["parked", "started"]
     assert (exists(saver, "started"), exists(saver, "parked"), exists(saver, "done")) == (True, True, False)
     assert result.finished_swept == 1
+
+
+@pytest.mark.providers(*SWEPT)
+def test_sw3_a_run_started_on_a_thread_past_its_waiting_horizon_restarts_its_clock(
+    open_saver: Opener,
+) -> None:
+    """A run resumes a thread nobody wrote for longer than the waiting horizon: until its
+    first checkpoint lands, the start is the thread's newest activity, and the sweep keeps it."""
+    clock = Clock()
+    saver = opened(open_saver, clock)
+    for thread in ("resumed", "idle"):
+        write(saver, thread)
+    clock.advance(601)  # both are past the waiting horizon (600 minutes)
+    saver.start_threads(["resumed"])
+    clock.advance(599)  # the start is still within it
+    result = sweep_checkpoints(saver)
+    assert (exists(saver, "resumed"), exists(saver, "idle")) == (True, False)
+    assert result.waiting_swept == 1
+    clock.advance(2)  # and the start's own horizon ends like any other
+    assert sweep_checkpoints(saver).waiting_swept == 1
+    assert not exists(saver, "resumed")

@@ -22,7 +22,7 @@ LOCK_SCHEMA = "SELECT pg_advisory_xact_lock(7446327318420116991)"
 
 # A write first makes sure its thread exists (owned by the writer if new) ...
 INSERT_THREAD = """
-INSERT INTO tk_threads (thread_id, owner, created_at) VALUES (%(thread_id)s, %(owner)s, %(now)s)
+INSERT INTO tk_threads (thread_id, owner, active_at) VALUES (%(thread_id)s, %(owner)s, %(now)s)
 ON CONFLICT (thread_id) DO NOTHING
 """
 
@@ -459,13 +459,15 @@ _IDS = "(SELECT jsonb_array_elements_text(%(thread_ids)s::jsonb))"
 _TIDS = "(SELECT jsonb_array_elements_text(%(tids)s::jsonb)::bigint)"
 
 # A run starts on a thread: it leaves the finished set and its declared retention is
-# recorded (NULL: the platform's). The thread is created for its owner if it is new.
+# recorded (NULL: the platform's), and its waiting clock moves to now. The thread is created
+# for its owner if it is new.
 START_THREAD = """
-INSERT INTO tk_threads (thread_id, owner, created_at, waiting_minutes, finished_minutes)
+INSERT INTO tk_threads (thread_id, owner, active_at, waiting_minutes, finished_minutes)
 VALUES (%(thread_id)s, %(owner)s, %(now)s, %(waiting)s, %(finished)s)
 ON CONFLICT (thread_id) DO UPDATE SET
     finished_due = NULL, waiting_minutes = EXCLUDED.waiting_minutes,
-    finished_minutes = EXCLUDED.finished_minutes
+    finished_minutes = EXCLUDED.finished_minutes,
+    active_at = GREATEST(tk_threads.active_at, EXCLUDED.active_at)
 WHERE %(required_owner)s::text IS NULL OR tk_threads.owner = %(required_owner)s::text
 RETURNING owner
 """
@@ -491,9 +493,10 @@ SELECT waiting_minutes, finished_minutes, finished_due FROM tk_threads WHERE thr
 # Pages of threads past a horizon, in tid order from %(after)s (keyset paging: each page is
 # one short index range, whatever the store's size).
 _FINISHED = "t.finished_due <= %(now)s"
-# A thread's waiting clock: its newest checkpoint, or its row if newer (a copy, a run started).
+# A thread's waiting clock: its newest checkpoint, or its row's active_at if newer (created, a
+# copy, a run started).
 _WAITING = """t.finished_due IS NULL
-  AND GREATEST((SELECT max(c.created_at) FROM tk_checkpoints AS c WHERE c.tid = t.tid), t.created_at)
+  AND GREATEST((SELECT max(c.created_at) FROM tk_checkpoints AS c WHERE c.tid = t.tid), t.active_at)
       < %(now)s - 60 * COALESCE(t.waiting_minutes, %(waiting)s)"""
 _PAGE = """
 SELECT t.tid, t.thread_id, t.owner FROM tk_threads AS t

@@ -19,7 +19,7 @@ LOCK_SCHEMA = "SELECT 1"  # BEGIN IMMEDIATE already serializes schema changes
 
 # A write first makes sure its thread exists (owned by the writer if new) ...
 INSERT_THREAD = """
-INSERT INTO tk_threads (thread_id, owner, created_at) VALUES (:thread_id, :owner, :now)
+INSERT INTO tk_threads (thread_id, owner, active_at) VALUES (:thread_id, :owner, :now)
 ON CONFLICT (thread_id) DO NOTHING
 """
 
@@ -381,11 +381,12 @@ _IDS = "(SELECT value FROM json_each(:thread_ids))"
 _TIDS = "(SELECT value FROM json_each(:tids))"
 
 START_THREAD = """
-INSERT INTO tk_threads (thread_id, owner, created_at, waiting_minutes, finished_minutes)
+INSERT INTO tk_threads (thread_id, owner, active_at, waiting_minutes, finished_minutes)
 VALUES (:thread_id, :owner, :now, :waiting, :finished)
 ON CONFLICT (thread_id) DO UPDATE SET
     finished_due = NULL, waiting_minutes = excluded.waiting_minutes,
-    finished_minutes = excluded.finished_minutes
+    finished_minutes = excluded.finished_minutes,
+    active_at = max(tk_threads.active_at, excluded.active_at)
 WHERE :required_owner IS NULL OR tk_threads.owner = :required_owner
 RETURNING owner
 """
@@ -408,7 +409,7 @@ SELECT waiting_minutes, finished_minutes, finished_due FROM tk_threads WHERE thr
 
 _FINISHED = "t.finished_due <= :now"
 _WAITING = """t.finished_due IS NULL
-  AND max(COALESCE((SELECT max(c.created_at) FROM tk_checkpoints AS c WHERE c.tid = t.tid), 0), t.created_at)
+  AND max(COALESCE((SELECT max(c.created_at) FROM tk_checkpoints AS c WHERE c.tid = t.tid), 0), t.active_at)
       < :now - 60 * COALESCE(t.waiting_minutes, :waiting)"""
 _PAGE = """
 SELECT t.tid, t.thread_id, t.owner FROM tk_threads AS t
