@@ -305,3 +305,60 @@ def conninfo_schema(dsn: str) -> str:
     from psycopg.conninfo import conninfo_to_dict
 
     return str(conninfo_to_dict(dsn)["options"]).split("search_path=")[1].split()[0]
+
+
+def test_a_copy_is_whole_while_the_source_is_pruned(provider: Any) -> None:
+    """``copy_thread`` copies the source's checkpoints, then their channel values, in one
+    transaction. A prune of the source that commits between the two must not leave the copy
+    with a checkpoint whose values are gone: the copy holds the source still."""
+    import psycopg
+    from langgraph.checkpoint.base import empty_checkpoint
+
+    dsn = postgres_schema(uuid.uuid4().hex)
+    name = f"tk-copy-{uuid.uuid4().hex[:8]}"
+    with open_checkpointer("postgres", f"{dsn} application_name={name}", settings=Settings()) as saver:
+        source = {"configurable": {"thread_id": "source", "checkpoint_ns": ""}}
+        first = {**empty_checkpoint(), "channel_values": {"x": "v1"}, "channel_versions": {"x": "1"}}
+        first_config = saver.put(source, first, {}, {"x": "1"})
+        second = {**empty_checkpoint(), "channel_values": {"x": "v2"}, "channel_versions": {"x": "2"}}
+        saver.put(first_config, second, {}, {"x": "2"})
+        saver.put({"configurable": {"thread_id": "target", "checkpoint_ns": ""}}, empty_checkpoint(), {}, {})
+        outcome: dict[str, Any] = {}
+
+        def copy() -> None:
+            saver.copy_thread("source", "target")
+            outcome["copied"] = True
+
+        def prune() -> None:
+            saver.prune(["source"], strategy="keep_latest")
+            outcome["pruned"] = True
+
+        with psycopg.connect(dsn, autocommit=True) as holder, admin() as watcher:
+            # The copy's checkpoint insert waits on this uncommitted row of the same key.
+            holder.execute("BEGIN")
+            holder.execute(
+                "INSERT INTO tk_checkpoints "
+                "(tid, checkpoint_ns, checkpoint_id, created_at, checkpoint, metadata) "
+                "SELECT tid, '', %s, 0, '{}', '{}' FROM tk_threads WHERE thread_id = 'target'",
+                (first["id"],),
+            )
+            copier, pruner = threading.Thread(target=copy), threading.Thread(target=prune)
+            copier.start()
+            deadline = time.monotonic() + 10
+            while lock_waiters(watcher, name) < 1 and time.monotonic() < deadline:
+                time.sleep(0.02)
+            assert lock_waiters(watcher, name) == 1, "the copy should be waiting on the held row"
+            pruner.start()
+            deadline = time.monotonic() + 10
+            while lock_waiters(watcher, name) < 2 and pruner.is_alive() and time.monotonic() < deadline:
+                time.sleep(0.02)
+            holder.execute("ROLLBACK")
+            copier.join(10)
+            pruner.join(10)
+
+        assert outcome == {"copied": True, "pruned": True}
+        target = {"configurable": {"thread_id": "target", "checkpoint_ns": ""}}
+        copied = {t.checkpoint["id"]: t.checkpoint["channel_values"] for t in saver.list(target)}
+        assert copied[first["id"]] == {"x": "v1"}
+        assert copied[second["id"]] == {"x": "v2"}
+        assert [t.checkpoint["id"] for t in saver.list(source)] == [second["id"]]

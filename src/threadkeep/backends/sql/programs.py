@@ -346,10 +346,11 @@ def _thread_tid(q: SqlDialect, thread_id: str, owner: str | None) -> Program[int
     return int(rows[0][0]) if rows else None
 
 
-def _lock_threads(q: SqlDialect, tids: set[int]) -> Program[None]:
-    """Lock the threads ``tids`` (SQLite: the transaction holds the database already): a
-    write in flight on one of them ends first, and the statements after this one see it."""
-    yield Sql(q.LOCK_THREADS, {"tids": q.text_list([str(tid) for tid in sorted(tids)])})
+def _lock_threads(q: SqlDialect, tids: set[int]) -> Sql:
+    """The statement that locks the threads ``tids``, in tid order (SQLite: the transaction
+    holds the database already): a write in flight on one of them ends first, and the
+    statements after this one see it."""
+    return Sql(q.LOCK_THREADS, {"tids": q.text_list([str(tid) for tid in sorted(tids)])})
 
 
 def _stored(
@@ -597,7 +598,7 @@ def delete_for_runs(q: SqlDialect, run_ids: Sequence[str], owner: str | None) ->
     if not rows:
         return 0
     locked = {int(tid) for tid, _, _ in rows}
-    yield from _lock_threads(q, locked)
+    yield _lock_threads(q, locked)
     rows = [row for row in (yield Sql(q.SELECT_RUN_CHECKPOINTS, query)) if int(row[0]) in locked]
     statements: list[Sql | SqlMany] = []
     touched: set[tuple[int, str]] = set()
@@ -622,7 +623,7 @@ def prune(q: SqlDialect, thread_ids: Iterable[str], strategy: str, owner: str | 
         tid = yield from _thread_tid(q, thread_id, owner)
         if tid is None:
             continue
-        yield from _lock_threads(q, {tid})  # as delete_for_runs: after any put in flight
+        yield _lock_threads(q, {tid})  # as delete_for_runs: after any put in flight
         namespaces = yield Sql(q.SELECT_NAMESPACES, {"tid": tid})
         statements = [statement for (ns,) in namespaces for statement in _keep_newest(q, tid, ns, 1)]
         if statements:
@@ -630,21 +631,29 @@ def prune(q: SqlDialect, thread_ids: Iterable[str], strategy: str, owner: str | 
 
 
 def copy_thread(q: SqlDialect, source: str, target: str, actor: Actor, now: float) -> Program[bool]:
-    """Copy every checkpoint, write and message of ``source`` onto ``target``."""
+    """Copy every checkpoint, write and message of ``source`` onto ``target``.
+
+    Both threads are locked (in one statement, in tid order, so two crossing copies cannot
+    deadlock) before the copy statements run: a prune or a put of the source cannot commit
+    between the copy of its checkpoints and the copy of their values.
+    """
     source_tid = yield from _thread_tid(q, source, actor.owner_filter)
     if source_tid is None:
         return False
     results = yield Batch(
         (
             Sql(q.INSERT_THREAD, {"thread_id": target, "owner": actor.user_id, "now": now}),
-            Sql(q.LOCK_THREAD, {"thread_id": target}),
+            Sql(q.THREAD_FOR_READ, {"thread_id": target, "owner": None}),
+            Sql(q.THREAD_OWNER, {"thread_id": target}),
         )
     )
-    ((target_tid, owner),) = results[1]
+    ((target_tid,),), ((owner,),) = results[1], results[2]
     check_owner(thread_id=target, owner=owner, user_id=actor.user_id, enforce=actor.checks_owner)
-    yield Batch(
-        tuple(Sql(statement, {"source": source_tid, "target": target_tid}) for statement in q.COPY_THREAD)
+    lock = Sql(
+        q.LOCK_THREADS, {"tids": q.text_list([str(tid) for tid in sorted({source_tid, int(target_tid)})])}
     )
+    params = {"source": source_tid, "target": target_tid}
+    yield Batch((lock, *(Sql(statement, params) for statement in q.COPY_THREAD)))
     return True
 
 
