@@ -81,6 +81,15 @@ def test_p6_a_postgres_store_of_another_generation_is_refused(open_saver: Opener
         open_checkpointer("postgres", dsn, settings=Settings())
 
 
+def test_p6_a_postgres_store_migrated_by_a_newer_version_is_refused(open_saver: Opener) -> None:
+    saver = open_saver()
+    dsn = saver.backend.engine.conninfo
+    with connect(dsn) as conn:
+        conn.execute("INSERT INTO tk_migrations VALUES (%s, 0)", (len(_MIGRATIONS) + 1,))
+    with pytest.raises(CheckpointStoreFormatError, match="at least as new as the one that migrated"):
+        open_checkpointer("postgres", dsn, settings=Settings())
+
+
 def test_p6_langgraph_tables_in_the_same_schema_are_left_alone(provider: Any) -> None:
     """A database shared with LangGraph's own savers is not refused: only tk_ tables are ours."""
     dsn = postgres_schema(uuid.uuid4().hex)

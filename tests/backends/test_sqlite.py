@@ -121,6 +121,20 @@ def test_p6_a_store_of_another_generation_is_refused(tmp_path: Path) -> None:
     assert refused.value.context["expected"] == FORMAT_GENERATION
 
 
+def test_p6_a_store_migrated_by_a_newer_version_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "newer.sqlite"
+    open_at(path).close()
+    conn = sqlite3.connect(path)
+    conn.execute("INSERT INTO tk_migrations VALUES (?, 0)", (len(MIGRATIONS) + 1,))
+    conn.commit()
+    conn.close()
+    newer = "at least as new as the one that migrated"
+    with pytest.raises(CheckpointStoreFormatError, match=newer) as refused:
+        open_at(path)
+    assert refused.value.context["found"] == len(MIGRATIONS) + 1
+    assert refused.value.context["expected"] == len(MIGRATIONS)
+
+
 def test_p6_a_generation_1_store_is_read_as_it_is_and_recorded_as_2(tmp_path: Path) -> None:
     path = tmp_path / "gen1.sqlite"
     with open_at(path) as saver:

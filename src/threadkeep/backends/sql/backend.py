@@ -89,6 +89,8 @@ class SqlBackend:
             self.engine.setup(
                 lambda m=migration: programs.apply_migration(q, m.version, m.statements, time.time()),  # type: ignore[misc]
             )
+        newest = max((migration.version for migration in self.migrations), default=0)
+        self.engine.setup(lambda: programs.check_schema(q, newest))
         self.engine.setup(lambda: programs.record_format(q))
 
     def put(self, step: PutStep) -> Program[RunnableConfig]:

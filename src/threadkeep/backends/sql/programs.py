@@ -716,6 +716,19 @@ def apply_migration(q: SqlDialect, version: int, statements: Sequence[str], now:
     return True
 
 
+def check_schema(q: SqlDialect, newest: int) -> Program[None]:
+    """Refuse a store whose schema a newer threadkeep has migrated past ``newest`` (the last
+    migration this version knows): its statements would name columns that are not there."""
+    applied = [int(row[0]) for row in (yield Sql(q.SELECT_MIGRATIONS, {}))]
+    if applied and max(applied) > newest:
+        raise CheckpointStoreFormatError(
+            f"the {q.NAME} checkpoint store's schema is at migration {max(applied)}, and this "
+            f"version of threadkeep knows migrations up to {newest}; run a threadkeep version "
+            "at least as new as the one that migrated the store",
+            context={"provider": q.NAME, "found": max(applied), "expected": newest, "table": "tk_migrations"},
+        )
+
+
 def reset(q: SqlDialect) -> Program[None]:
     """Drop every table threadkeep owns, and the checkpoint tables of other formats."""
     for statement in q.RESET:
