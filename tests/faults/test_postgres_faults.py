@@ -43,6 +43,33 @@ def through(proxy: TcpProxy, dsn: str, name: str) -> str:
     return f"{dsn} host=127.0.0.1 port={proxy.port} application_name={name}"
 
 
+def run_behind_a_held_row(
+    dsn: str, name: str, held: tuple[str, tuple[Any, ...]], *, first: Any, second: Any, what: str
+) -> None:
+    """Race ``first`` and ``second`` (callables run on the saver named ``name``) at one
+    moment: an uncommitted row (``held``: an INSERT and its parameters) makes ``first``'s
+    statement wait in the middle of its work; then ``second`` runs until it waits too (on a
+    lock ``first`` holds) or ends; then the row is released and both finish."""
+    import psycopg
+
+    with psycopg.connect(dsn, autocommit=True) as holder, admin() as watcher:
+        holder.execute("BEGIN")
+        holder.execute(*held)
+        runs = [threading.Thread(target=first), threading.Thread(target=second)]
+        runs[0].start()
+        deadline = time.monotonic() + 10
+        while lock_waiters(watcher, name) < 1 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert lock_waiters(watcher, name) == 1, f"{what} should be waiting on the held row"
+        runs[1].start()
+        deadline = time.monotonic() + 10
+        while lock_waiters(watcher, name) < 2 and runs[1].is_alive() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        holder.execute("ROLLBACK")
+        for run in runs:
+            run.join(10)
+
+
 def lock_waiters(conn: Any, application_name: str) -> int:
     """How many backends of ``application_name`` are waiting for a lock."""
     row = conn.execute(
@@ -190,7 +217,6 @@ def test_deleting_a_run_while_a_put_reuses_its_values_keeps_the_values_the_put_n
     the new checkpoint refers to the value ``r1`` stored. ``delete_for_runs(["r1"])`` runs
     while that put is in flight: it must wait for the put and keep the value, not collect it
     as unreferenced from a snapshot that does not hold the new checkpoint yet."""
-    import psycopg
     from langgraph.checkpoint.base import empty_checkpoint
 
     dsn = postgres_schema(uuid.uuid4().hex)
@@ -217,27 +243,14 @@ def test_deleting_a_run_while_a_put_reuses_its_values_keeps_the_values_the_put_n
             saver.delete_for_runs(["r1"])
             outcome["deleted"] = True
 
-        with psycopg.connect(dsn, autocommit=True) as holder, admin() as watcher:
-            # The put's value insert will wait for this uncommitted row of the same key: the
-            # put is then in flight, holding the thread's lock, its checkpoint not committed.
-            holder.execute("BEGIN")
-            holder.execute(
-                "INSERT INTO tk_blobs (tid, checkpoint_ns, channel, version, type, value) "
-                "SELECT tid, '', 'added', '2', 'held', '' FROM tk_threads WHERE thread_id = 'runs'"
-            )
-            putter, deleter = threading.Thread(target=put), threading.Thread(target=delete)
-            putter.start()
-            deadline = time.monotonic() + 10
-            while lock_waiters(watcher, name) < 1 and time.monotonic() < deadline:
-                time.sleep(0.02)
-            assert lock_waiters(watcher, name) == 1, "the put should be waiting on the held value row"
-            deleter.start()
-            deadline = time.monotonic() + 10
-            while lock_waiters(watcher, name) < 2 and deleter.is_alive() and time.monotonic() < deadline:
-                time.sleep(0.02)
-            holder.execute("ROLLBACK")
-            putter.join(10)
-            deleter.join(10)
+        # The put's value insert waits on an uncommitted row of the same key: the put is then
+        # in flight, holding the thread's lock, its checkpoint not committed.
+        held = (
+            "INSERT INTO tk_blobs (tid, checkpoint_ns, channel, version, type, value) "
+            "SELECT tid, '', 'added', '2', 'held', '' FROM tk_threads WHERE thread_id = 'runs'",
+            (),
+        )
+        run_behind_a_held_row(dsn, name, held, first=put, second=delete, what="the put")
 
         assert outcome.get("deleted"), outcome
         assert "put" in outcome, outcome
@@ -251,7 +264,6 @@ def test_writes_that_race_a_delete_of_their_thread_leave_no_rows_behind(provider
     """A task's writes are in flight (their insert waits on a row another transaction holds)
     when the thread is deleted. They must either land before the delete, and go with the
     thread, or find the thread gone: never stay behind as rows no thread owns (SPEC SW5)."""
-    import psycopg
     from langgraph.checkpoint.base import empty_checkpoint
 
     dsn = postgres_schema(uuid.uuid4().hex)
@@ -270,31 +282,19 @@ def test_writes_that_race_a_delete_of_their_thread_leave_no_rows_behind(provider
             saver.delete_thread("doomed")
             outcome["deleted"] = True
 
-        with psycopg.connect(dsn, autocommit=True) as holder, admin() as watcher:
-            holder.execute("BEGIN")
-            holder.execute(
-                "INSERT INTO tk_writes (tid, checkpoint_ns, checkpoint_id, task_id, idx, task_path, "
-                "channel, type, value) SELECT tid, '', %s, 'task-1', 0, '', 'messages', 'held', '' "
-                "FROM tk_threads WHERE thread_id = 'doomed'",
-                (checkpoint_id,),
-            )
-            writer, deleter = threading.Thread(target=put_writes), threading.Thread(target=delete)
-            writer.start()
-            deadline = time.monotonic() + 10
-            while lock_waiters(watcher, name) < 1 and time.monotonic() < deadline:
-                time.sleep(0.02)
-            assert lock_waiters(watcher, name) == 1, "the writes should be waiting on the held row"
-            deleter.start()
-            deadline = time.monotonic() + 10
-            while lock_waiters(watcher, name) < 2 and deleter.is_alive() and time.monotonic() < deadline:
-                time.sleep(0.02)
-            holder.execute("ROLLBACK")
-            writer.join(10)
-            deleter.join(10)
-            assert outcome == {"written": True, "deleted": True}
+        held = (
+            "INSERT INTO tk_writes (tid, checkpoint_ns, checkpoint_id, task_id, idx, task_path, "
+            "channel, type, value) SELECT tid, '', %s, 'task-1', 0, '', 'messages', 'held', '' "
+            "FROM tk_threads WHERE thread_id = 'doomed'",
+            (checkpoint_id,),
+        )
+        run_behind_a_held_row(dsn, name, held, first=put_writes, second=delete, what="the writes")
+        assert outcome == {"written": True, "deleted": True}
+        with admin() as watcher:
+            schema = conninfo_schema(dsn)
             orphans = watcher.execute(
-                f"SELECT (SELECT count(*) FROM {conninfo_schema(dsn)}.tk_writes), "
-                f"(SELECT count(*) FROM {conninfo_schema(dsn)}.tk_threads)"
+                f"SELECT (SELECT count(*) FROM {schema}.tk_writes), "
+                f"(SELECT count(*) FROM {schema}.tk_threads)"
             ).fetchone()
         assert orphans == (0, 0)
         assert saver.get_tuple({"configurable": {"thread_id": "doomed"}}) is None
@@ -311,7 +311,6 @@ def test_a_copy_is_whole_while_the_source_is_pruned(provider: Any) -> None:
     """``copy_thread`` copies the source's checkpoints, then their channel values, in one
     transaction. A prune of the source that commits between the two must not leave the copy
     with a checkpoint whose values are gone: the copy holds the source still."""
-    import psycopg
     from langgraph.checkpoint.base import empty_checkpoint
 
     dsn = postgres_schema(uuid.uuid4().hex)
@@ -333,28 +332,13 @@ def test_a_copy_is_whole_while_the_source_is_pruned(provider: Any) -> None:
             saver.prune(["source"], strategy="keep_latest")
             outcome["pruned"] = True
 
-        with psycopg.connect(dsn, autocommit=True) as holder, admin() as watcher:
-            # The copy's checkpoint insert waits on this uncommitted row of the same key.
-            holder.execute("BEGIN")
-            holder.execute(
-                "INSERT INTO tk_checkpoints "
-                "(tid, checkpoint_ns, checkpoint_id, created_at, checkpoint, metadata) "
-                "SELECT tid, '', %s, 0, '{}', '{}' FROM tk_threads WHERE thread_id = 'target'",
-                (first["id"],),
-            )
-            copier, pruner = threading.Thread(target=copy), threading.Thread(target=prune)
-            copier.start()
-            deadline = time.monotonic() + 10
-            while lock_waiters(watcher, name) < 1 and time.monotonic() < deadline:
-                time.sleep(0.02)
-            assert lock_waiters(watcher, name) == 1, "the copy should be waiting on the held row"
-            pruner.start()
-            deadline = time.monotonic() + 10
-            while lock_waiters(watcher, name) < 2 and pruner.is_alive() and time.monotonic() < deadline:
-                time.sleep(0.02)
-            holder.execute("ROLLBACK")
-            copier.join(10)
-            pruner.join(10)
+        # The copy's checkpoint insert waits on an uncommitted row of the same key.
+        held = (
+            "INSERT INTO tk_checkpoints (tid, checkpoint_ns, checkpoint_id, created_at, checkpoint, "
+            "metadata) SELECT tid, '', %s, 0, '{}', '{}' FROM tk_threads WHERE thread_id = 'target'",
+            (first["id"],),
+        )
+        run_behind_a_held_row(dsn, name, held, first=copy, second=prune, what="the copy")
 
         assert outcome == {"copied": True, "pruned": True}
         target = {"configurable": {"thread_id": "target", "checkpoint_ns": ""}}
