@@ -649,10 +649,8 @@ def copy_thread(q: SqlDialect, source: str, target: str, actor: Actor, now: floa
     )
     ((target_tid,),), ((owner,),) = results[1], results[2]
     check_owner(thread_id=target, owner=owner, user_id=actor.user_id, enforce=actor.checks_owner)
-    lock = Sql(
-        q.LOCK_THREADS, {"tids": q.text_list([str(tid) for tid in sorted({source_tid, int(target_tid)})])}
-    )
     params = {"source": source_tid, "target": target_tid}
+    lock = _lock_threads(q, {source_tid, int(target_tid)})
     yield Batch((lock, *(Sql(statement, params) for statement in q.COPY_THREAD)))
     return True
 
