@@ -22,9 +22,11 @@ from langgraph.graph import END, START, MessagesState, StateGraph
 from langgraph.graph.state import CompiledStateGraph
 from langgraph.prebuilt import ToolNode, tools_condition
 
-__all__ = ["TOOL_ROUND_TRIPS", "build_agent", "run_turns", "turn_input", "words"]
+__all__ = ["MESSAGES_PER_TURN", "TOOL_ROUND_TRIPS", "build_agent", "run_turns", "turn_input", "words"]
 
 TOOL_ROUND_TRIPS = 3
+# A turn adds the question, a tool call and its result per round trip, and the answer.
+MESSAGES_PER_TURN = 2 + 2 * TOOL_ROUND_TRIPS
 _VOCABULARY = (
     "order",
     "invoice",

@@ -15,10 +15,9 @@ from tests.providers import POSTGRES_URL, Opener, postgres_schema
 from threadkeep import CheckpointStoreFormatError, Settings, open_checkpointer
 from threadkeep.backends.postgres import _MIGRATIONS
 from threadkeep.backends.sql.programs import FORMAT_GENERATION
-from threadkeep.workload import TOOL_ROUND_TRIPS, build_agent, run_turns, turn_input
+from threadkeep.workload import MESSAGES_PER_TURN, build_agent, run_turns, turn_input
 
 pytestmark = pytest.mark.providers("postgres")
-MESSAGES_PER_TURN = 2 + 2 * TOOL_ROUND_TRIPS
 
 
 def connect(dsn: str) -> Any:

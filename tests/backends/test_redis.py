@@ -12,10 +12,9 @@ import pytest
 from tests.providers import REDIS_URL, Opener
 from threadkeep import CheckpointDeleteError, CheckpointStoreFormatError, Settings, open_checkpointer
 from threadkeep.backends.sql.programs import FORMAT_GENERATION
-from threadkeep.workload import TOOL_ROUND_TRIPS, build_agent, run_turns, turn_input
+from threadkeep.workload import MESSAGES_PER_TURN, build_agent, run_turns, turn_input
 
 pytestmark = pytest.mark.providers("redis", "redis-cluster")
-MESSAGES_PER_TURN = 2 + 2 * TOOL_ROUND_TRIPS
 
 
 def raw(saver: Any) -> Any:
@@ -158,13 +157,13 @@ def test_p6_a_redis_store_of_another_generation_is_refused(open_saver: Opener) -
         open_saver()
 
 
-def test_p6_a_generation_1_redis_store_is_read_and_recorded_as_2(open_saver: Opener) -> None:
+def test_p6_an_older_generation_redis_store_is_read_and_recorded_as_current(open_saver: Opener) -> None:
     saver = open_saver()
     run_turns(build_agent(saver), "t", 1)
     raw(saver).set(saver.backend.space.format_key, "1")
     reopened = open_saver()
     assert reopened.get_tuple({"configurable": {"thread_id": "t"}}) is not None
-    assert raw(saver).get(saver.backend.space.format_key) == str(FORMAT_GENERATION).encode() == b"2"
+    assert raw(saver).get(saver.backend.space.format_key) == str(FORMAT_GENERATION).encode() == b"3"
 
 
 @pytest.mark.providers("redis")

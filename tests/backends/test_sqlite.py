@@ -15,10 +15,9 @@ import pytest
 from threadkeep import CheckpointStoreFormatError, Settings, StorageError, open_checkpointer
 from threadkeep.backends.sql.backend import load_migrations
 from threadkeep.backends.sql.programs import FORMAT_GENERATION
-from threadkeep.workload import TOOL_ROUND_TRIPS, build_agent, run_turns
+from threadkeep.workload import MESSAGES_PER_TURN, build_agent, run_turns
 
 MIGRATIONS = load_migrations("threadkeep.backends.sqlite")
-MESSAGES_PER_TURN = 2 + 2 * TOOL_ROUND_TRIPS
 
 
 def open_at(path: Path, **options: Any) -> Any:
@@ -135,7 +134,7 @@ def test_p6_a_store_migrated_by_a_newer_version_is_refused(tmp_path: Path) -> No
     assert refused.value.context["expected"] == len(MIGRATIONS)
 
 
-def test_p6_a_generation_1_store_is_read_as_it_is_and_recorded_as_2(tmp_path: Path) -> None:
+def test_p6_a_generation_1_store_is_read_as_it_is_and_recorded_as_current(tmp_path: Path) -> None:
     path = tmp_path / "gen1.sqlite"
     with open_at(path) as saver:
         run_turns(build_agent(saver), "t", 1)
@@ -147,7 +146,8 @@ def test_p6_a_generation_1_store_is_read_as_it_is_and_recorded_as_2(tmp_path: Pa
         assert len(state.checkpoint["channel_values"]["messages"]) == MESSAGES_PER_TURN
         run_turns(build_agent(saver), "t", 1, first=1)
     # a version that reads only generation 1 now refuses the store instead of a value
-    assert conn.execute("SELECT value FROM tk_meta WHERE key = 'format_generation'").fetchall() == [("2",)]
+    recorded = conn.execute("SELECT value FROM tk_meta WHERE key = 'format_generation'").fetchall()
+    assert recorded == [(str(FORMAT_GENERATION),)] == [("3",)]
     conn.close()
 
 

@@ -10,9 +10,8 @@ from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 from langgraph.types import Command
 
 from tests.graphs import Driver, approval_graph, fanout_graph, subgraph_graph
-from threadkeep.workload import TOOL_ROUND_TRIPS, build_agent, turn_input
+from threadkeep.workload import MESSAGES_PER_TURN, TOOL_ROUND_TRIPS, build_agent, turn_input
 
-MESSAGES_PER_TURN = 2 + 2 * TOOL_ROUND_TRIPS
 # the input checkpoint, the input step, then one per node run (agent, tools, ..., agent)
 CHECKPOINTS_PER_TURN = 2 + 2 * TOOL_ROUND_TRIPS + 1
 

@@ -9,9 +9,7 @@ from langgraph.graph import END, START, MessagesState, StateGraph
 
 from tests.providers import Opener
 from threadkeep.backends.sql.backend import SqlBackend
-from threadkeep.workload import TOOL_ROUND_TRIPS, build_agent, run_turns
-
-MESSAGES_PER_TURN = 2 + 2 * TOOL_ROUND_TRIPS
+from threadkeep.workload import MESSAGES_PER_TURN, build_agent, run_turns
 
 
 def cfg(thread_id: str, **extra: Any) -> dict[str, Any]:

@@ -15,10 +15,10 @@ import pytest
 from tests.providers import POSTGRES_URL, postgres_schema
 from tests.servers import TcpProxy
 from threadkeep import Settings, StaleStateError, StorageError, open_checkpointer
-from threadkeep.workload import TOOL_ROUND_TRIPS, build_agent, run_turns, turn_input
+from threadkeep.backends.sql.programs import INLINE_VALUE_BYTES
+from threadkeep.workload import MESSAGES_PER_TURN, build_agent, run_turns, turn_input
 
 pytestmark = [pytest.mark.providers("postgres"), pytest.mark.slow]
-MESSAGES_PER_TURN = 2 + 2 * TOOL_ROUND_TRIPS
 CHECKPOINTS_PER_TURN = MESSAGES_PER_TURN + 1
 FAST_RETRIES = Settings(retry_backoff_seconds=0.05, pool_timeout_seconds=1, connect_timeout_seconds=1)
 
@@ -219,19 +219,22 @@ def test_deleting_a_run_while_a_put_reuses_its_values_keeps_the_values_the_put_n
     as unreferenced from a snapshot that does not hold the new checkpoint yet."""
     from langgraph.checkpoint.base import empty_checkpoint
 
+    # values too large to sit in their checkpoint's row: they are rows of tk_blobs
+    kept, added = "from r1" * INLINE_VALUE_BYTES, "by r2" * INLINE_VALUE_BYTES
+
     dsn = postgres_schema(uuid.uuid4().hex)
     name = f"tk-runs-{uuid.uuid4().hex[:8]}"
     with open_checkpointer("postgres", f"{dsn} application_name={name}", settings=Settings()) as saver:
         start = {"configurable": {"thread_id": "runs", "checkpoint_ns": ""}}
         first = {
             **empty_checkpoint(),
-            "channel_values": {"kept": "from r1"},
+            "channel_values": {"kept": kept},
             "channel_versions": {"kept": "1"},
         }
         config = saver.put(start, first, {"run_id": "r1"}, {"kept": "1"})
         second = {
             **empty_checkpoint(),
-            "channel_values": {"kept": "from r1", "added": "by r2"},
+            "channel_values": {"kept": kept, "added": added},
             "channel_versions": {"kept": "1", "added": "2"},
         }
         outcome: dict[str, Any] = {}
@@ -256,7 +259,7 @@ def test_deleting_a_run_while_a_put_reuses_its_values_keeps_the_values_the_put_n
         assert "put" in outcome, outcome
         head = saver.get_tuple({"configurable": {"thread_id": "runs"}})
         assert head.checkpoint["id"] == second["id"]
-        assert head.checkpoint["channel_values"] == {"kept": "from r1", "added": "by r2"}
+        assert head.checkpoint["channel_values"] == {"kept": kept, "added": added}
         assert [t.checkpoint["id"] for t in saver.list(start)] == [second["id"]]
 
 

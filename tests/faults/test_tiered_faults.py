@@ -23,10 +23,9 @@ from tests.servers import RedisServer, TcpProxy
 from tests.workers import STALE_EXIT, log_graph, slow_graph
 from threadkeep import Settings, StorageError, open_checkpointer
 from threadkeep.metrics import CACHE_EVENTS, Metrics
-from threadkeep.workload import TOOL_ROUND_TRIPS, build_agent, turn_input
+from threadkeep.workload import MESSAGES_PER_TURN, build_agent, turn_input
 
 pytestmark = [pytest.mark.providers("tiered"), pytest.mark.slow]
-MESSAGES_PER_TURN = 2 + 2 * TOOL_ROUND_TRIPS
 FAST = Settings(retry_backoff_seconds=0.05, pool_timeout_seconds=1, connect_timeout_seconds=1)
 ROOT = Path(__file__).resolve().parents[2]
 

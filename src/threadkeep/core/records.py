@@ -71,6 +71,11 @@ _DIGEST_BYTES: Final = 16
 STRUCTURE: Final = FaithfulCodec()
 
 
+# Parts of a checkpoint not stored in its structure: the values go their own ways, and the
+# id is the key the checkpoint is stored under.
+_KEYED: Final = frozenset({"channel_values", "id"})
+
+
 def version_key(version: object) -> str:
     """The text a channel version is stored under, as SQL renders the JSON value too.
 
@@ -145,6 +150,15 @@ class PutStep:
     # The same step with every channel of the checkpoint, not only the changed ones: for a
     # store that does not hold the parent (the tiered cache after a miss). Built on demand.
     whole: Callable[[], PutStep] | None = field(default=None, compare=False, repr=False)
+    # Encodes the value a channel holds in this checkpoint (None: it holds none), for a store
+    # that keeps small values in every checkpoint's row and cannot take an unchanged one
+    # from the parent's (a parent it does not hold). Absent when the step has no values.
+    encode: Callable[[str], BlobRow | None] | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def changed(self) -> frozenset[str]:
+        """The channels this step writes a value (or an emptying) for."""
+        return frozenset(blob.channel for blob in self.blobs)
 
     @property
     def parent_id(self) -> str | None:
@@ -195,26 +209,17 @@ def prepare_put(
     chains: list[MessageChain] = []
     for channel, version in new_versions.items():
         key = version_key(version)
-        path = f"channel_values.{channel}"
         if channel not in values:
             blobs.append(BlobRow(channel, key, EMPTY_TYPE, b""))
             continue
-        value = values[channel]
-        if is_message_list(value):
-            try:
-                memo_key = (target.thread_id, target.checkpoint_ns, channel)
-                chain = MessageChain(channel, key, value, serde, memo=memo, memo_key=memo_key)
-                if content is not None:
-                    chain.known_through(content.tails_of(target.thread_id))
-                    content.keep_chain(chain, target.thread_id)
-            except CheckpointSerializationError as error:
-                raise error.under(path) from None
+        blob, chain = _encode_value(
+            channel, key, values[channel], serde=serde, memo=memo, target=target, content=content
+        )
+        blobs.append(blob)
+        if chain is not None:
             chains.append(chain)
-            blobs.append(BlobRow(channel, key, CHAIN_TYPE, chain_ref(chain)))
-        else:
-            kind, payload = _encode(serde, value, path)
-            blobs.append(BlobRow(channel, key, kind, payload))
-    structure = {k: v for k, v in checkpoint.items() if k != "channel_values"}
+    # The id is the key the checkpoint is stored under: not stored again (see assemble).
+    structure = {k: v for k, v in checkpoint.items() if k not in _KEYED}
     stored_metadata = get_serializable_checkpoint_metadata(config, metadata)
     every = checkpoint["channel_versions"]
     whole: Callable[[], PutStep] | None = None
@@ -225,6 +230,7 @@ def prepare_put(
         )  # fmt: skip
 
     run_id = stored_metadata.get("run_id")
+    versions = tuple((channel, version_key(version)) for channel, version in every.items())
     return PutStep(
         target=target,
         checkpoint_id=checkpoint["id"],
@@ -233,15 +239,66 @@ def prepare_put(
         branch_from=configurable.get(BRANCH_KEY),
         checkpoint=_encode_structure(structure, "checkpoint"),
         metadata=_encode_structure(stored_metadata, "metadata"),
-        versions=tuple(
-            (channel, version_key(version)) for channel, version in checkpoint["channel_versions"].items()
-        ),
+        versions=versions,
         blobs=tuple(blobs),
         chains=tuple(chains),
         now=now,
         history_limit=history_limit,
         whole=whole,
+        encode=partial(
+            _encode_current,
+            checkpoint=checkpoint,
+            versions=dict(versions),
+            serde=serde,
+            memo=memo,
+            target=target,
+        ),
     )
+
+
+def _encode_value(
+    channel: str,
+    version: str,
+    value: Any,
+    *,
+    serde: SerializerProtocol,
+    memo: EncodingMemo | None,
+    target: Target,
+    content: ContentCache | None = None,
+) -> tuple[BlobRow, MessageChain | None]:
+    """The stored form of a channel's value, and its message chain if it is a message list
+    (known to ``content``, when given, so a later read in this process need not walk it)."""
+    path = f"channel_values.{channel}"
+    if not is_message_list(value):
+        return BlobRow(channel, version, *_encode(serde, value, path)), None
+    try:
+        memo_key = (target.thread_id, target.checkpoint_ns, channel)
+        chain = MessageChain(channel, version, value, serde, memo=memo, memo_key=memo_key)
+        if content is not None:
+            chain.known_through(content.tails_of(target.thread_id))
+            content.keep_chain(chain, target.thread_id)
+    except CheckpointSerializationError as error:
+        raise error.under(path) from None
+    return BlobRow(channel, version, CHAIN_TYPE, chain_ref(chain)), chain
+
+
+def _encode_current(
+    channel: str,
+    *,
+    checkpoint: Checkpoint,
+    versions: Mapping[str, str],
+    serde: SerializerProtocol,
+    memo: EncodingMemo | None,
+    target: Target,
+) -> BlobRow | None:
+    """The stored form of the value ``channel`` holds in ``checkpoint`` (None: it holds none)."""
+    values = checkpoint["channel_values"]
+    if channel not in values or channel not in versions:
+        return None
+    blob, _ = _encode_value(
+        channel, versions[channel], values[channel], serde=serde, memo=memo, target=target
+    )
+    return blob
 
 
 @dataclass(frozen=True, slots=True)
@@ -369,7 +426,8 @@ def assemble(
     }
     if branch:
         configurable[BRANCH_KEY] = checkpoint_id
-    checkpoint: Checkpoint = {**structure, "channel_values": channel_values}  # type: ignore[typeddict-item]
+    # A structure written before ids were left out of it holds the same id.
+    checkpoint: Checkpoint = {**structure, "id": checkpoint_id, "channel_values": channel_values}  # type: ignore[typeddict-item]
     parent: RunnableConfig | None = None
     if parent_id is not None:
         parent = {

@@ -47,6 +47,17 @@ SELECT
 FROM tk_threads AS t WHERE t.thread_id = %(thread_id)s
 """
 
+# For each channel a put leaves unchanged ({channel: version} in %(unchanged)s): whether the
+# parent holds it at that version, and the parent's entry for it in vals if it has one.
+# No rows when there is no parent.
+PARENT_VALUES = """
+SELECT u.key, coalesce(p.checkpoint -> 'channel_versions' ->> u.key = u.value, false),
+       p.vals ->> u.key
+FROM tk_checkpoints AS p CROSS JOIN jsonb_each_text(%(unchanged)s::jsonb) AS u
+WHERE p.tid = (SELECT t.tid FROM tk_threads AS t WHERE t.thread_id = %(thread_id)s)
+  AND p.checkpoint_ns = %(checkpoint_ns)s AND p.checkpoint_id = %(parent_id)s::text
+"""
+
 THREAD_FOR_READ = """
 SELECT tid FROM tk_threads
 WHERE thread_id = %(thread_id)s AND (%(owner)s::text IS NULL OR owner = %(owner)s::text)
@@ -70,12 +81,12 @@ SELECT_MESSAGES = (
 
 UPSERT_CHECKPOINT = """
 INSERT INTO tk_checkpoints
-    (tid, checkpoint_ns, checkpoint_id, parent_id, run_id, created_at, checkpoint, metadata)
+    (tid, checkpoint_ns, checkpoint_id, parent_id, run_id, created_at, checkpoint, metadata, vals)
 VALUES (%(tid)s, %(checkpoint_ns)s, %(checkpoint_id)s, %(parent_id)s, %(run_id)s, %(now)s,
-        %(checkpoint)s::jsonb, %(metadata)s::jsonb)
+        %(checkpoint)s::json, %(metadata)s::json, %(vals)s::jsonb)
 ON CONFLICT (tid, checkpoint_ns, checkpoint_id) DO UPDATE SET
     parent_id = EXCLUDED.parent_id, run_id = EXCLUDED.run_id,
-    checkpoint = EXCLUDED.checkpoint, metadata = EXCLUDED.metadata
+    checkpoint = EXCLUDED.checkpoint, metadata = EXCLUDED.metadata, vals = EXCLUDED.vals
 """
 
 # The id below which a namespace's checkpoints are beyond the newest %(offset)s + 1.
@@ -99,7 +110,7 @@ DELETE FROM tk_blobs
 WHERE tid = %(tid)s AND checkpoint_ns = %(checkpoint_ns)s
   AND (channel, version) NOT IN (
       SELECT version.key, version.value
-      FROM tk_checkpoints AS c, jsonb_each_text(c.checkpoint -> 'channel_versions') AS version
+      FROM tk_checkpoints AS c, json_each_text(c.checkpoint -> 'channel_versions') AS version
       WHERE c.tid = %(tid)s AND c.checkpoint_ns = %(checkpoint_ns)s)
 """
 
@@ -205,20 +216,27 @@ _THREAD_TID = """(SELECT t.tid FROM tk_threads AS t
 _STATE = """,
 vals AS (
     SELECT b.channel, b.type, b.value
-    FROM cp CROSS JOIN jsonb_each_text(cp.checkpoint -> 'channel_versions') AS version
+    FROM cp CROSS JOIN json_each_text(cp.checkpoint -> 'channel_versions') AS version
     CROSS JOIN LATERAL (
         SELECT b.channel, b.type, b.value FROM tk_blobs AS b
         WHERE b.tid = cp.tid AND b.checkpoint_ns = %(checkpoint_ns)s
           AND b.channel = version.key AND b.version = version.value LIMIT 1
     ) AS b
+    WHERE cp.vals IS NULL OR NOT cp.vals ? version.key
+),
+chains (ref) AS (
+    SELECT vals.value FROM vals WHERE vals.type = 'chain'
+    UNION ALL
+    SELECT decode(split_part(entry.value, ':', 2), 'base64')
+    FROM cp CROSS JOIN jsonb_each_text(cp.vals) AS entry WHERE entry.value LIKE 'chain:%%'
 ),
 walk (tail, depth, prev, digest) AS (
     SELECT link.node, 0, link.prev, link.digest
-    FROM cp CROSS JOIN vals CROSS JOIN LATERAL (
+    FROM cp CROSS JOIN chains CROSS JOIN LATERAL (
         SELECT l.node, l.prev, l.digest FROM tk_message_links AS l
-        WHERE l.tid = cp.tid AND l.node = substring(vals.value FROM 1 FOR 16) LIMIT 1
+        WHERE l.tid = cp.tid AND l.node = substring(chains.ref FROM 1 FOR 16) LIMIT 1
     ) AS link
-    WHERE %(walk)s AND vals.type = 'chain'
+    WHERE %(walk)s
     UNION ALL
     SELECT walk.tail, walk.depth + 1, link.prev, link.digest
     FROM walk CROSS JOIN cp CROSS JOIN LATERAL (
@@ -227,7 +245,8 @@ walk (tail, depth, prev, digest) AS (
     ) AS link
 )
 SELECT 0, cp.tid, cp.checkpoint_id, cp.parent_id, cp.checkpoint::text, cp.metadata::text,
-       NULL, NULL, NULL::bytea, NULL, NULL, NULL::integer, NULL::bytea, NULL::bytea
+       NULL, NULL, convert_to(cp.vals::text, 'UTF8'), NULL, NULL, NULL::integer, NULL::bytea,
+       NULL::bytea
 FROM cp
 UNION ALL
 SELECT 1, NULL, NULL, NULL, NULL, NULL, vals.channel, vals.type, vals.value,
@@ -262,7 +281,7 @@ CROSS JOIN LATERAL (
 
 SELECT_STATE_LATEST = (
     """WITH RECURSIVE cp AS (
-    SELECT c.tid, c.checkpoint_id, c.parent_id, c.checkpoint, c.metadata
+    SELECT c.tid, c.checkpoint_id, c.parent_id, c.checkpoint, c.metadata, c.vals
     FROM tk_checkpoints AS c
     WHERE c.tid = """
     + _THREAD_TID
@@ -273,7 +292,7 @@ SELECT_STATE_LATEST = (
 
 SELECT_STATE_AT = (
     """WITH RECURSIVE cp AS (
-    SELECT c.tid, c.checkpoint_id, c.parent_id, c.checkpoint, c.metadata
+    SELECT c.tid, c.checkpoint_id, c.parent_id, c.checkpoint, c.metadata, c.vals
     FROM tk_checkpoints AS c
     WHERE c.tid = """
     + _THREAD_TID
@@ -312,7 +331,7 @@ _LIST_CONDITIONS = """
   AND (%(checkpoint_ns)s::text IS NULL OR c.checkpoint_ns = %(checkpoint_ns)s::text)
   AND (%(checkpoint_id)s::text IS NULL OR c.checkpoint_id = %(checkpoint_id)s::text)
   AND (%(before)s::text IS NULL OR c.checkpoint_id < %(before)s::text)
-  AND (%(filter)s::jsonb IS NULL OR c.metadata @> %(filter)s::jsonb)
+  AND (%(filter)s::jsonb IS NULL OR c.metadata::jsonb @> %(filter)s::jsonb)
   AND (%(cursor_id)s::text IS NULL
        OR (c.checkpoint_id, c.tid, c.checkpoint_ns)
           < (%(cursor_id)s::text, %(cursor_tid)s::bigint, %(cursor_ns)s::text))
@@ -347,12 +366,13 @@ SELECT_NAMESPACES = "SELECT DISTINCT checkpoint_ns FROM tk_checkpoints WHERE tid
 COPY_THREAD: tuple[str, ...] = (
     """
     INSERT INTO tk_checkpoints
-        (tid, checkpoint_ns, checkpoint_id, parent_id, run_id, created_at, checkpoint, metadata)
-    SELECT %(target)s, checkpoint_ns, checkpoint_id, parent_id, run_id, created_at, checkpoint, metadata
+        (tid, checkpoint_ns, checkpoint_id, parent_id, run_id, created_at, checkpoint, metadata, vals)
+    SELECT %(target)s, checkpoint_ns, checkpoint_id, parent_id, run_id, created_at, checkpoint,
+           metadata, vals
     FROM tk_checkpoints WHERE tid = %(source)s
     ON CONFLICT (tid, checkpoint_ns, checkpoint_id) DO UPDATE SET
         parent_id = EXCLUDED.parent_id, run_id = EXCLUDED.run_id,
-        checkpoint = EXCLUDED.checkpoint, metadata = EXCLUDED.metadata
+        checkpoint = EXCLUDED.checkpoint, metadata = EXCLUDED.metadata, vals = EXCLUDED.vals
     """,
     """
     INSERT INTO tk_blobs (tid, checkpoint_ns, channel, version, type, value)
@@ -416,16 +436,20 @@ RESET: tuple[str, ...] = (
     "DROP TABLE IF EXISTS tk_migrations",
 )
 
-# What the store holds; %(tid)s restricts it to one thread (NULL: the whole store). A message
-# link counts 48 bytes: its node, previous node and digest.
+# What the store holds; %(tid)s restricts it to one thread (NULL: the whole store). Channel
+# values are the rows of tk_blobs and the entries of checkpoints' vals. A message link counts
+# 48 bytes: its node, previous node and digest.
 STATS = """
 SELECT
     (SELECT count(*) FROM tk_threads WHERE %(tid)s::bigint IS NULL OR tid = %(tid)s::bigint),
     (SELECT count(*) FROM tk_checkpoints WHERE %(tid)s::bigint IS NULL OR tid = %(tid)s::bigint),
-    (SELECT count(*) FROM tk_blobs WHERE %(tid)s::bigint IS NULL OR tid = %(tid)s::bigint),
+    (SELECT count(*) FROM tk_blobs WHERE %(tid)s::bigint IS NULL OR tid = %(tid)s::bigint)
+    + (SELECT count(*) FROM tk_checkpoints AS c CROSS JOIN jsonb_object_keys(c.vals) AS v
+       WHERE %(tid)s::bigint IS NULL OR c.tid = %(tid)s::bigint),
     (SELECT count(*) FROM tk_writes WHERE %(tid)s::bigint IS NULL OR tid = %(tid)s::bigint),
     (SELECT count(*) FROM tk_messages WHERE %(tid)s::bigint IS NULL OR tid = %(tid)s::bigint),
-    (SELECT coalesce(sum(octet_length(checkpoint::text) + octet_length(metadata::text)), 0)
+    (SELECT coalesce(sum(octet_length(checkpoint::text) + octet_length(metadata::text)
+                         + coalesce(octet_length(vals::text), 0)), 0)
      FROM tk_checkpoints WHERE %(tid)s::bigint IS NULL OR tid = %(tid)s::bigint)
     + (SELECT coalesce(sum(octet_length(value)), 0) FROM tk_blobs
        WHERE %(tid)s::bigint IS NULL OR tid = %(tid)s::bigint)

@@ -7,18 +7,22 @@ statements of one transaction, in order, and decides between them. A dialect
 
 from __future__ import annotations
 
+import base64
+import re
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
+import orjson
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import CheckpointTuple
 from langgraph.checkpoint.serde.base import SerializerProtocol
 
 from threadkeep.core.identity import Actor
-from threadkeep.core.messages import ContentCache, MessageChain
+from threadkeep.core.messages import CHAIN_TYPE, ContentCache, MessageChain
 from threadkeep.core.program import Batch, Program, Sql, SqlMany
 from threadkeep.core.records import (
     EMPTY_TYPE,
+    BlobRow,
     ListQuery,
     PutStep,
     StoredCheckpoint,
@@ -33,6 +37,7 @@ from threadkeep.errors import CheckpointSerializationError, CheckpointStoreForma
 
 __all__ = [
     "FORMAT_GENERATION",
+    "INLINE_VALUE_BYTES",
     "READABLE_GENERATIONS",
     "SqlDialect",
     "apply_migration",
@@ -66,9 +71,16 @@ __all__ = [
 # Generation 2 added pending writes of messages by reference (`ref`, `refs`) and `+zstd`
 # values; a generation-1 store is read as it is and recorded as 2 on first open, so a
 # version that reads only generation 1 refuses it from then on instead of failing on a value.
-FORMAT_GENERATION = 2
-READABLE_GENERATIONS = frozenset({"1", "2"})
+# Generation 3 keeps small channel values in their checkpoint's row (``vals``, below).
+FORMAT_GENERATION = 3
+READABLE_GENERATIONS = frozenset({"1", "2", "3"})
 _FORMAT_KEY = "format_generation"
+
+# A channel value this small is kept in the row of every checkpoint that holds it (``vals``)
+# rather than once in ``tk_blobs``: a row of its own and an index entry cost more than
+# copying it, and a read takes it with the checkpoint. Larger values are stored once.
+INLINE_VALUE_BYTES: Final = 512
+_TEXT_ENTRY: Final = re.compile(r"([^:=]*)=(.*)", re.DOTALL)
 
 
 class SqlDialect(Protocol):
@@ -83,6 +95,7 @@ class SqlDialect(Protocol):
     INSERT_THREAD: str
     LOCK_THREAD: str
     THREAD_HEAD: str
+    PARENT_VALUES: str
     THREAD_FOR_READ: str
     PROBE_LINKS: str
     SELECT_MESSAGES: str
@@ -156,11 +169,22 @@ def put(q: SqlDialect, step: PutStep) -> Program[RunnableConfig]:
     ns = target.checkpoint_ns
     # The head is read by a statement of its own after the lock: one that waited for the lock
     # must see what the writer before it committed.
+    changed = step.changed
+    unchanged = {channel: version for channel, version in step.versions if channel not in changed}
     lookup = (
         Sql(q.LOCK_THREAD, {"thread_id": target.thread_id}),
         Sql(
             q.THREAD_HEAD,
             {"thread_id": target.thread_id, "checkpoint_ns": ns, "checkpoint_id": step.checkpoint_id},
+        ),
+        Sql(
+            q.PARENT_VALUES,
+            {
+                "thread_id": target.thread_id,
+                "checkpoint_ns": ns,
+                "parent_id": step.parent_id,
+                "unchanged": json_text(unchanged),
+            },
         ),
     )
     probes = tuple(_probe(q, target.thread_id, chain.nodes, len(chain.nodes)) for chain in step.chains)
@@ -186,12 +210,10 @@ def put(q: SqlDialect, step: PutStep) -> Program[RunnableConfig]:
         branch_from=step.branch_from,
     )
     rows: list[Sql | SqlMany] = []
-    for chain, probed in zip(step.chains, results[2:], strict=True):
+    for chain, probed in zip(step.chains, results[3:], strict=True):
         known = yield from _stored_prefix(q, target.thread_id, chain.nodes, probed)
         rows.extend(_chain_rows(q, int(tid), chain, known))
-    # A channel emptied in this step (a consumed branch, say) gets no row: a version with no
-    # row in a transactional store can only be an empty channel.
-    blobs = [blob for blob in step.blobs if blob.type != EMPTY_TYPE]
+    vals, blobs = _layout(step, unchanged, results[2])
     if blobs:
         rows.append(
             q.many(
@@ -215,6 +237,7 @@ def put(q: SqlDialect, step: PutStep) -> Program[RunnableConfig]:
                 "now": step.now,
                 "checkpoint": step.checkpoint.decode(),
                 "metadata": step.metadata.decode(),
+                "vals": json_text(vals) if vals else None,
             },
         )
     )
@@ -222,6 +245,86 @@ def put(q: SqlDialect, step: PutStep) -> Program[RunnableConfig]:
     if step.history_limit is not None:
         yield Batch(tuple(_keep_newest(q, int(tid), ns, step.history_limit)), wanted=False)
     return step.result_config()
+
+
+def _layout(
+    step: PutStep, unchanged: Mapping[str, str], parent: list[Any]
+) -> tuple[dict[str, str], list[BlobRow]]:
+    """Where a checkpoint's values go: the small ones, changed or not, into its own row
+    (``vals``: entries by channel), the large changed ones into ``tk_blobs``.
+
+    An unchanged channel the parent holds at the same version takes the parent's entry, or
+    nothing if the parent's value is in ``tk_blobs``; otherwise (no parent, or one at another
+    version) its value is encoded again, so every value the checkpoint names is stored.
+    A channel emptied in this step gets nothing: a version with no value in a transactional
+    store can only be an empty channel.
+    """
+    vals: dict[str, str] = {}
+    blobs: list[BlobRow] = []
+
+    def place(blob: BlobRow) -> None:
+        entry = inline_entry(blob)
+        if entry is None:
+            blobs.append(blob)
+        else:
+            vals[blob.channel] = entry
+
+    for blob in step.blobs:
+        if blob.type != EMPTY_TYPE:
+            place(blob)
+    held = {channel: (same, entry) for channel, same, entry in parent}
+    for channel in unchanged:
+        same, entry = held.get(channel, (False, None))
+        if same:
+            if entry is not None:
+                vals[channel] = entry
+            continue
+        current = None if step.encode is None else step.encode(channel)
+        if current is not None:
+            place(current)
+    return vals, blobs
+
+
+def inline_entry(blob: BlobRow) -> str | None:
+    """A value's entry in its checkpoint's ``vals``: ``type=text`` for a value that is text
+    (JSON), ``type:base64`` for bytes; None if it is too large (over ``INLINE_VALUE_BYTES``)
+    to be copied into every checkpoint that holds it."""
+    if len(blob.value) > INLINE_VALUE_BYTES or ":" in blob.type or "=" in blob.type:
+        return None
+    # A chain is always base64: Postgres walks it in SQL. JSON text in Postgres holds no NUL.
+    if blob.type != CHAIN_TYPE and b"\0" not in blob.value:
+        try:
+            return f"{blob.type}={blob.value.decode()}"
+        except UnicodeDecodeError:
+            pass
+    return f"{blob.type}:{base64.b64encode(blob.value).decode()}"
+
+
+def inline_values(vals: str | bytes | None) -> list[tuple[str, str, bytes]]:
+    """The (channel, type, value) of each entry of a checkpoint's ``vals``.
+
+    Raises:
+        CheckpointSerializationError: ``vals`` is not what :func:`inline_entry` writes.
+    """
+    if vals is None:
+        return []
+    try:
+        found = []
+        for channel, entry in orjson.loads(vals).items():
+            text = _TEXT_ENTRY.match(entry)
+            if text is not None:
+                found.append((channel, text[1], text[2].encode()))
+            else:
+                kind, _, value = entry.partition(":")
+                found.append((channel, kind, base64.b64decode(value, validate=True)))
+    except (ValueError, AttributeError, TypeError) as error:
+        raise CheckpointSerializationError(f"a checkpoint's stored values are unreadable ({error})") from None
+    return found
+
+
+def json_text(value: object) -> str:
+    """``value`` as a JSON parameter."""
+    return orjson.dumps(value).decode()
 
 
 def _probe(q: SqlDialect, thread_id: str, nodes: Sequence[bytes], end: int) -> Sql:
@@ -383,6 +486,7 @@ def _stored(
             stored.parent_id = parent_id
             stored.structure = decode_structure(structure, "checkpoint")
             stored.metadata = decode_structure(metadata, "metadata")
+            stored.values.extend(inline_values(value))
         elif kind == 1:
             stored.values.append((channel, vtype, bytes(value)))
         elif kind == 2:

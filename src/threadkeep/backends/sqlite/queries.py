@@ -37,6 +37,18 @@ SELECT
 FROM tk_threads AS t WHERE t.thread_id = :thread_id
 """
 
+# For each channel a put leaves unchanged ({channel: version} in :unchanged): whether the
+# parent holds it at that version, and the parent's entry for it in vals if it has one.
+# No rows when there is no parent.
+PARENT_VALUES = """
+SELECT u.key, coalesce(CAST(held.value AS TEXT) = u.value, 0), entry.value
+FROM tk_checkpoints AS p CROSS JOIN json_each(:unchanged) AS u
+LEFT JOIN json_each(p.checkpoint, '$.channel_versions') AS held ON held.key = u.key
+LEFT JOIN json_each(p.vals) AS entry ON entry.key = u.key
+WHERE p.tid = (SELECT t.tid FROM tk_threads AS t WHERE t.thread_id = :thread_id)
+  AND p.checkpoint_ns = :checkpoint_ns AND p.checkpoint_id = :parent_id
+"""
+
 THREAD_FOR_READ = """
 SELECT tid FROM tk_threads
 WHERE thread_id = :thread_id AND (:owner IS NULL OR owner = :owner)
@@ -74,11 +86,12 @@ DO UPDATE SET type = excluded.type, value = excluded.value
 
 UPSERT_CHECKPOINT = """
 INSERT INTO tk_checkpoints
-    (tid, checkpoint_ns, checkpoint_id, parent_id, run_id, created_at, checkpoint, metadata)
-VALUES (:tid, :checkpoint_ns, :checkpoint_id, :parent_id, :run_id, :now, :checkpoint, :metadata)
+    (tid, checkpoint_ns, checkpoint_id, parent_id, run_id, created_at, checkpoint, metadata, vals)
+VALUES (:tid, :checkpoint_ns, :checkpoint_id, :parent_id, :run_id, :now, :checkpoint, :metadata,
+        :vals)
 ON CONFLICT (tid, checkpoint_ns, checkpoint_id) DO UPDATE SET
     parent_id = excluded.parent_id, run_id = excluded.run_id,
-    checkpoint = excluded.checkpoint, metadata = excluded.metadata
+    checkpoint = excluded.checkpoint, metadata = excluded.metadata, vals = excluded.vals
 """
 
 # The id below which a namespace's checkpoints are beyond the newest :offset + 1.
@@ -161,14 +174,14 @@ UPSERT_WRITE = (
 # --- reads -------------------------------------------------------------------------------
 
 # A checkpoint, its channel values and its pending writes in one statement, if the caller
-# may see the thread. Rows: kind 0 the checkpoint, 1 a channel value, 2 a pending write;
-# columns: kind, tid, checkpoint_id, parent_id, checkpoint, metadata,
-#          channel, type, value, task_id, task_path, idx, tail, digest.
+# may see the thread. Rows: kind 0 the checkpoint (value: its vals), 1 a channel value in
+# tk_blobs, 2 a pending write; columns: kind, tid, checkpoint_id, parent_id, checkpoint,
+# metadata, channel, type, value, task_id, task_path, idx, tail, digest.
 # The last two belong to the messages Postgres walks in the same statement (kind 3); an
 # embedded store has no round trip to save, so :walk is ignored and SELECT_CHAIN walks.
 _STATE = """
 SELECT 0, cp.tid, cp.checkpoint_id, cp.parent_id, cp.checkpoint, cp.metadata,
-       NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
+       NULL, NULL, cp.vals, NULL, NULL, NULL, NULL, NULL
 FROM cp
 UNION ALL
 SELECT 1, NULL, NULL, NULL, NULL, NULL, b.channel, b.type, b.value, NULL, NULL, NULL, NULL, NULL
@@ -176,6 +189,7 @@ FROM cp CROSS JOIN json_each(cp.checkpoint, '$.channel_versions') AS version
 CROSS JOIN tk_blobs AS b  -- CROSS JOIN keeps this order: one primary-key lookup per channel
 WHERE b.tid = cp.tid AND b.checkpoint_ns = :checkpoint_ns
   AND b.channel = version.key AND b.version = CAST(version.value AS TEXT)
+  AND NOT EXISTS (SELECT 1 FROM json_each(cp.vals) AS entry WHERE entry.key = version.key)
 UNION ALL
 SELECT 2, NULL, NULL, NULL, NULL, NULL, w.channel, w.type, w.value, w.task_id, w.task_path, w.idx,
        NULL, NULL
@@ -185,7 +199,7 @@ FROM cp JOIN tk_writes AS w ON w.tid = cp.tid AND w.checkpoint_ns = :checkpoint_
 
 SELECT_STATE_LATEST = (
     """WITH cp AS (
-    SELECT c.tid, c.checkpoint_id, c.parent_id, c.checkpoint, c.metadata
+    SELECT c.tid, c.checkpoint_id, c.parent_id, c.checkpoint, c.metadata, c.vals
     FROM tk_threads AS t JOIN tk_checkpoints AS c ON c.tid = t.tid
     WHERE t.thread_id = :thread_id AND (:owner IS NULL OR t.owner = :owner)
       AND c.checkpoint_ns = :checkpoint_ns
@@ -195,7 +209,7 @@ SELECT_STATE_LATEST = (
 
 SELECT_STATE_AT = (
     """WITH cp AS (
-    SELECT c.tid, c.checkpoint_id, c.parent_id, c.checkpoint, c.metadata
+    SELECT c.tid, c.checkpoint_id, c.parent_id, c.checkpoint, c.metadata, c.vals
     FROM tk_threads AS t JOIN tk_checkpoints AS c ON c.tid = t.tid
     WHERE t.thread_id = :thread_id AND (:owner IS NULL OR t.owner = :owner)
       AND c.checkpoint_ns = :checkpoint_ns AND c.checkpoint_id = :checkpoint_id)"""
@@ -261,12 +275,13 @@ SELECT_NAMESPACES = "SELECT DISTINCT checkpoint_ns FROM tk_checkpoints WHERE tid
 COPY_THREAD: tuple[str, ...] = (
     """
     INSERT INTO tk_checkpoints
-        (tid, checkpoint_ns, checkpoint_id, parent_id, run_id, created_at, checkpoint, metadata)
-    SELECT :target, checkpoint_ns, checkpoint_id, parent_id, run_id, created_at, checkpoint, metadata
+        (tid, checkpoint_ns, checkpoint_id, parent_id, run_id, created_at, checkpoint, metadata, vals)
+    SELECT :target, checkpoint_ns, checkpoint_id, parent_id, run_id, created_at, checkpoint,
+           metadata, vals
     FROM tk_checkpoints WHERE tid = :source
     ON CONFLICT (tid, checkpoint_ns, checkpoint_id) DO UPDATE SET
         parent_id = excluded.parent_id, run_id = excluded.run_id,
-        checkpoint = excluded.checkpoint, metadata = excluded.metadata
+        checkpoint = excluded.checkpoint, metadata = excluded.metadata, vals = excluded.vals
     """,
     """
     INSERT INTO tk_blobs (tid, checkpoint_ns, channel, version, type, value)
@@ -332,16 +347,20 @@ RESET: tuple[str, ...] = (
     "DROP TABLE IF EXISTS writes",
 )
 
-# What the store holds; :tid restricts it to one thread (NULL: the whole store). A message
-# link counts 48 bytes: its node, previous node and digest.
+# What the store holds; :tid restricts it to one thread (NULL: the whole store). Channel
+# values are the rows of tk_blobs and the entries of checkpoints' vals. A message link counts
+# 48 bytes: its node, previous node and digest.
 STATS = """
 SELECT
     (SELECT count(*) FROM tk_threads WHERE :tid IS NULL OR tid = :tid),
     (SELECT count(*) FROM tk_checkpoints WHERE :tid IS NULL OR tid = :tid),
-    (SELECT count(*) FROM tk_blobs WHERE :tid IS NULL OR tid = :tid),
+    (SELECT count(*) FROM tk_blobs WHERE :tid IS NULL OR tid = :tid)
+    + (SELECT count(*) FROM tk_checkpoints AS c CROSS JOIN json_each(c.vals)
+       WHERE :tid IS NULL OR c.tid = :tid),
     (SELECT count(*) FROM tk_writes WHERE :tid IS NULL OR tid = :tid),
     (SELECT count(*) FROM tk_messages WHERE :tid IS NULL OR tid = :tid),
-    (SELECT coalesce(sum(length(checkpoint) + length(metadata)), 0) FROM tk_checkpoints
+    (SELECT coalesce(sum(length(checkpoint) + length(metadata) + coalesce(length(vals), 0)), 0)
+     FROM tk_checkpoints
      WHERE :tid IS NULL OR tid = :tid)
     + (SELECT coalesce(sum(length(value)), 0) FROM tk_blobs WHERE :tid IS NULL OR tid = :tid)
     + (SELECT coalesce(sum(length(value)), 0) FROM tk_writes WHERE :tid IS NULL OR tid = :tid)
