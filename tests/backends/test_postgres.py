@@ -203,3 +203,16 @@ def test_postgres_location_hides_the_password(provider: Any) -> None:
     assert "s3cret" not in engine.location
     assert "host=db" in engine.location
     assert POSTGRES_URL  # the tests' server is configured
+
+
+async def test_p7_a_first_call_takes_a_ready_connection_and_grows_no_pool(provider: Any) -> None:
+    """An owned pool is ready before the first call takes a connection: that call does not
+    wait for one, so the pool does not start a second connection beside it (which a lone
+    caller never needs)."""
+    dsn = postgres_schema(uuid.uuid4().hex)
+    with open_checkpointer("postgres", dsn, settings=Settings(pool_min_size=1)) as saver:
+        saver.get_tuple({"configurable": {"thread_id": "nothing"}})
+        assert saver.backend.engine._pool.get_stats()["pool_size"] == 1
+        await saver.aget_tuple({"configurable": {"thread_id": "nothing"}})
+        (pool,) = saver.backend.engine._async_pools.values()
+        assert pool.get_stats()["pool_size"] == 1

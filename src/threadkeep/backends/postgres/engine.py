@@ -153,6 +153,7 @@ class PostgresEngine:
                 name="threadkeep",
                 open=True,
             )
+            self._pool.wait(timeout=self.options.timeout)  # as in _async_pool
         return self._pool
 
     async def _async_pool(self) -> AsyncConnectionPool:
@@ -173,6 +174,10 @@ class PostgresEngine:
             )
             await pool.open()
             self._async_pools[loop] = pool
+            # The first call takes a connection that is ready: one that has to wait for it
+            # makes the pool open another at the same time, and on a busy host the call then
+            # shares the CPU with a new backend starting up (about 2 ms of a first read).
+            await pool.wait(timeout=self.options.timeout)
         return pool
 
     def run(self, make: ProgramFactory[T], *, write: bool = False, atomic: bool = True) -> T:
