@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
+import functools
 import threading
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -216,3 +219,46 @@ async def test_p7_a_first_call_takes_a_ready_connection_and_grows_no_pool(provid
         await saver.aget_tuple({"configurable": {"thread_id": "nothing"}})
         (pool,) = saver.backend.engine._async_pools.values()
         assert pool.get_stats()["pool_size"] == 1
+
+
+def _busy(call: Any, until: float) -> int:
+    """Call ``call`` until ``until`` (time.monotonic); how many calls there were."""
+    done = 0
+    while time.monotonic() < until:
+        call()
+        done += 1
+    return done
+
+
+async def _abusy(call: Any, until: float) -> int:
+    done = 0
+    while time.monotonic() < until:
+        await call()
+        done += 1
+    return done
+
+
+def test_p7_first_calls_from_many_threads_share_one_ready_pool(provider: Any) -> None:
+    """Threads that start on a new saver at once, and keep its one connection busy for
+    longer than the pool timeout, all get the pool once it is ready: waiting for it to
+    be ready does not time out behind them (and close it)."""
+    settings = Settings(pool_min_size=1, pool_max_size=1, pool_timeout_seconds=1)
+    with open_checkpointer("postgres", postgres_schema(uuid.uuid4().hex), settings=settings) as saver:
+        until = time.monotonic() + 2.5
+        read = functools.partial(saver.get_tuple, {"configurable": {"thread_id": "nothing"}})
+        with concurrent.futures.ThreadPoolExecutor(8) as threads:
+            calls = list(threads.map(lambda _: _busy(read, until), range(8)))
+        assert all(calls)
+        assert not saver.backend.engine._pool.closed
+
+
+async def test_p7_first_calls_from_many_tasks_share_one_ready_pool(provider: Any) -> None:
+    """The same on the async API: one pool per event loop, ready before any task uses it."""
+    settings = Settings(pool_min_size=1, pool_max_size=1, pool_timeout_seconds=1)
+    with open_checkpointer("postgres", postgres_schema(uuid.uuid4().hex), settings=settings) as saver:
+        until = time.monotonic() + 2.5
+        read = functools.partial(saver.aget_tuple, {"configurable": {"thread_id": "nothing"}})
+        calls = await asyncio.gather(*(_abusy(read, until) for _ in range(8)))
+        assert all(calls)
+        (pool,) = saver.backend.engine._async_pools.values()
+        assert not pool.closed

@@ -21,6 +21,7 @@ import contextlib
 import functools
 import logging
 import re
+import threading
 import time
 import weakref
 from collections.abc import Callable, Generator
@@ -120,6 +121,11 @@ class PostgresEngine:
         self._async_pools: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, AsyncConnectionPool] = (
             weakref.WeakKeyDictionary()
         )
+        # A pool is published once it is ready; callers that come while it opens wait here.
+        self._opening = threading.Lock()
+        self._opening_async: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = (
+            weakref.WeakKeyDictionary()
+        )
         self._closed = False
 
     @property
@@ -139,21 +145,30 @@ class PostgresEngine:
             "connect_timeout": int(self.options.connect_timeout),
         }
 
+    # A pool threadkeep opens is published once its min_size connections are open; callers
+    # that come meanwhile wait on a lock. A first call that had to wait for a connection made
+    # the pool open another beside it (on a busy host, about 2 ms of a first read), and
+    # callers using a pool still opening took its connections as they came, so that it never
+    # counted as ready and closed itself when the wait timed out. A pool that cannot open in
+    # time closes itself and raises PoolTimeout: nothing is published, the call is retried.
     def _sync_pool(self) -> ConnectionPool:
         if self._given_pool is not None:
             return self._given_pool
         if self._pool is None:
-            self._pool = ConnectionPool(
-                self.conninfo,
-                min_size=self.options.min_size,
-                max_size=self.options.max_size,
-                timeout=self.options.timeout,
-                kwargs=self._connection_kwargs(),
-                check=check_alive,
-                name="threadkeep",
-                open=True,
-            )
-            self._pool.wait(timeout=self.options.timeout)  # as in _async_pool
+            with self._opening:
+                if self._pool is None:
+                    pool = ConnectionPool(
+                        self.conninfo,
+                        min_size=self.options.min_size,
+                        max_size=self.options.max_size,
+                        timeout=self.options.timeout,
+                        kwargs=self._connection_kwargs(),
+                        check=check_alive,
+                        name="threadkeep",
+                        open=False,
+                    )
+                    pool.open(wait=True, timeout=self.options.timeout)
+                    self._pool = pool
         return self._pool
 
     async def _async_pool(self) -> AsyncConnectionPool:
@@ -162,22 +177,21 @@ class PostgresEngine:
         loop = asyncio.get_running_loop()
         pool = self._async_pools.get(loop)
         if pool is None:
-            pool = AsyncConnectionPool(
-                self.conninfo,
-                min_size=self.options.min_size,
-                max_size=self.options.max_size,
-                timeout=self.options.timeout,
-                kwargs=self._connection_kwargs(),
-                check=check_alive_async,
-                name="threadkeep-async",
-                open=False,
-            )
-            await pool.open()
-            self._async_pools[loop] = pool
-            # The first call takes a connection that is ready: one that has to wait for it
-            # makes the pool open another at the same time, and on a busy host the call then
-            # shares the CPU with a new backend starting up (about 2 ms of a first read).
-            await pool.wait(timeout=self.options.timeout)
+            async with self._opening_async.setdefault(loop, asyncio.Lock()):
+                pool = self._async_pools.get(loop)
+                if pool is None:
+                    pool = AsyncConnectionPool(
+                        self.conninfo,
+                        min_size=self.options.min_size,
+                        max_size=self.options.max_size,
+                        timeout=self.options.timeout,
+                        kwargs=self._connection_kwargs(),
+                        check=check_alive_async,
+                        name="threadkeep-async",
+                        open=False,
+                    )
+                    await pool.open(wait=True, timeout=self.options.timeout)
+                    self._async_pools[loop] = pool
         return pool
 
     def run(self, make: ProgramFactory[T], *, write: bool = False, atomic: bool = True) -> T:
