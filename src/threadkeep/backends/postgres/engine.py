@@ -145,6 +145,16 @@ class PostgresEngine:
             "connect_timeout": int(self.options.connect_timeout),
         }
 
+    def _pool_kwargs(self) -> dict[str, Any]:
+        """What both kinds of owned pool are built with (opened by the caller)."""
+        return {
+            "min_size": self.options.min_size,
+            "max_size": self.options.max_size,
+            "timeout": self.options.timeout,
+            "kwargs": self._connection_kwargs(),
+            "open": False,
+        }
+
     # A pool threadkeep opens is published once its min_size connections are open; callers
     # that come meanwhile wait on a lock. A first call that had to wait for a connection made
     # the pool open another beside it (on a busy host, about 2 ms of a first read), and
@@ -158,14 +168,7 @@ class PostgresEngine:
             with self._opening:
                 if self._pool is None:
                     pool = ConnectionPool(
-                        self.conninfo,
-                        min_size=self.options.min_size,
-                        max_size=self.options.max_size,
-                        timeout=self.options.timeout,
-                        kwargs=self._connection_kwargs(),
-                        check=check_alive,
-                        name="threadkeep",
-                        open=False,
+                        self.conninfo, check=check_alive, name="threadkeep", **self._pool_kwargs()
                     )
                     pool.open(wait=True, timeout=self.options.timeout)
                     self._pool = pool
@@ -181,14 +184,7 @@ class PostgresEngine:
                 pool = self._async_pools.get(loop)
                 if pool is None:
                     pool = AsyncConnectionPool(
-                        self.conninfo,
-                        min_size=self.options.min_size,
-                        max_size=self.options.max_size,
-                        timeout=self.options.timeout,
-                        kwargs=self._connection_kwargs(),
-                        check=check_alive_async,
-                        name="threadkeep-async",
-                        open=False,
+                        self.conninfo, check=check_alive_async, name="threadkeep-async", **self._pool_kwargs()
                     )
                     await pool.open(wait=True, timeout=self.options.timeout)
                     self._async_pools[loop] = pool
