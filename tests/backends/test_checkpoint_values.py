@@ -156,3 +156,16 @@ def test_binary_values_of_langgraphs_own_serializer_sit_in_the_row_too(open_save
     assert inline[config["configurable"]["checkpoint_id"]] == set(values)
     assert not blobs
     assert saver.get_tuple(config).checkpoint["channel_values"] == values
+
+
+def test_an_unchanged_message_list_the_parent_does_not_hold_is_stored_whole(open_saver: Opener) -> None:
+    from langchain_core.messages import AIMessage, HumanMessage
+
+    saver = open_saver()
+    messages = [HumanMessage("hi", id="h1"), AIMessage("hello", id="a1")]
+    start = {"configurable": {"thread_id": "t", "checkpoint_ns": ""}}
+    # the list is named by the checkpoint but not listed as new, and there is no parent
+    config = put(saver, start, {"messages": messages, "n": 1}, {"messages": "1", "n": "1"}, {"n": "1"})
+    assert saver.get_tuple(config).checkpoint["channel_values"] == {"messages": messages, "n": 1}
+    fresh = open_saver()  # a reader that walks the stored links, not this process's cache
+    assert fresh.get_tuple(config).checkpoint["channel_values"]["messages"] == messages

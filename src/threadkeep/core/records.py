@@ -150,10 +150,13 @@ class PutStep:
     # The same step with every channel of the checkpoint, not only the changed ones: for a
     # store that does not hold the parent (the tiered cache after a miss). Built on demand.
     whole: Callable[[], PutStep] | None = field(default=None, compare=False, repr=False)
-    # Encodes the value a channel holds in this checkpoint (None: it holds none), for a store
-    # that keeps small values in every checkpoint's row and cannot take an unchanged one
-    # from the parent's (a parent it does not hold). Absent when the step has no values.
-    encode: Callable[[str], BlobRow | None] | None = field(default=None, compare=False, repr=False)
+    # Encodes the value a channel holds in this checkpoint, with its message chain if it is a
+    # message list (None: it holds none), for a store that keeps small values in every
+    # checkpoint's row and cannot take an unchanged one from the parent's (a parent it does
+    # not hold). Absent when the step has no values.
+    encode: Callable[[str], tuple[BlobRow, MessageChain | None] | None] | None = field(
+        default=None, compare=False, repr=False
+    )
 
     @property
     def changed(self) -> frozenset[str]:
@@ -245,14 +248,7 @@ def prepare_put(
         now=now,
         history_limit=history_limit,
         whole=whole,
-        encode=partial(
-            _encode_current,
-            checkpoint=checkpoint,
-            versions=dict(versions),
-            serde=serde,
-            memo=memo,
-            target=target,
-        ),
+        encode=partial(_encode_current, checkpoint=checkpoint, serde=serde, memo=memo, target=target),
     )
 
 
@@ -286,19 +282,17 @@ def _encode_current(
     channel: str,
     *,
     checkpoint: Checkpoint,
-    versions: Mapping[str, str],
     serde: SerializerProtocol,
     memo: EncodingMemo | None,
     target: Target,
-) -> BlobRow | None:
-    """The stored form of the value ``channel`` holds in ``checkpoint`` (None: it holds none)."""
-    values = checkpoint["channel_values"]
+) -> tuple[BlobRow, MessageChain | None] | None:
+    """The stored form of the value ``channel`` holds in ``checkpoint``, and its message
+    chain if it is a message list (None: it holds none)."""
+    values, versions = checkpoint["channel_values"], checkpoint["channel_versions"]
     if channel not in values or channel not in versions:
         return None
-    blob, _ = _encode_value(
-        channel, versions[channel], values[channel], serde=serde, memo=memo, target=target
-    )
-    return blob
+    version = version_key(versions[channel])
+    return _encode_value(channel, version, values[channel], serde=serde, memo=memo, target=target)
 
 
 @dataclass(frozen=True, slots=True)

@@ -213,7 +213,9 @@ def put(q: SqlDialect, step: PutStep) -> Program[RunnableConfig]:
     for chain, probed in zip(step.chains, results[3:], strict=True):
         known = yield from _stored_prefix(q, target.thread_id, chain.nodes, probed)
         rows.extend(_chain_rows(q, int(tid), chain, known))
-    vals, blobs = _layout(step, unchanged, results[2])
+    vals, blobs, carried = _layout(step, unchanged, results[2])
+    for chain in carried:  # a list no stored checkpoint held: its rows, whatever is stored
+        rows.extend(_chain_rows(q, int(tid), chain, 0))
     if blobs:
         rows.append(
             q.many(
@@ -249,18 +251,20 @@ def put(q: SqlDialect, step: PutStep) -> Program[RunnableConfig]:
 
 def _layout(
     step: PutStep, unchanged: Mapping[str, str], parent: list[Any]
-) -> tuple[dict[str, str], list[BlobRow]]:
+) -> tuple[dict[str, str], list[BlobRow], list[MessageChain]]:
     """Where a checkpoint's values go: the small ones, changed or not, into its own row
     (``vals``: entries by channel), the large changed ones into ``tk_blobs``.
 
     An unchanged channel the parent holds at the same version takes the parent's entry, or
     nothing if the parent's value is in ``tk_blobs``; otherwise (no parent, or one at another
-    version) its value is encoded again, so every value the checkpoint names is stored.
+    version) its value is encoded again, so every value the checkpoint names is stored (a
+    message list with its chain, returned third, whose messages and links are written).
     A channel emptied in this step gets nothing: a version with no value in a transactional
     store can only be an empty channel.
     """
     vals: dict[str, str] = {}
     blobs: list[BlobRow] = []
+    chains: list[MessageChain] = []
 
     def place(blob: BlobRow) -> None:
         entry = inline_entry(blob)
@@ -281,8 +285,11 @@ def _layout(
             continue
         current = None if step.encode is None else step.encode(channel)
         if current is not None:
-            place(current)
-    return vals, blobs
+            blob, chain = current
+            place(blob)
+            if chain is not None:
+                chains.append(chain)
+    return vals, blobs, chains
 
 
 def inline_entry(blob: BlobRow) -> str | None:
