@@ -169,6 +169,26 @@ def test_s3_history_limit_keeps_the_newest_checkpoints(open_saver: Opener) -> No
     assert saver.stats()["channel_values"] == len(referenced)
 
 
+def test_s3_history_limit_keeps_large_values_a_kept_checkpoint_names(open_saver: Opener) -> None:
+    from langgraph.checkpoint.base import empty_checkpoint
+
+    # "fixed" is written once, by a checkpoint the limit prunes, and named by every later one;
+    # "step" (too large for a checkpoint's row) changes at every step.
+    saver = open_saver(state_history_limit=2)
+    config: Any = cfg("large")
+    for step in range(1, 6):
+        checkpoint = empty_checkpoint()
+        checkpoint["channel_values"] = {"fixed": "f" * 2_000, "step": str(step) * 2_000}
+        checkpoint["channel_versions"] = {"fixed": 1, "step": step}
+        config = saver.put(config, checkpoint, {"source": "loop", "step": step}, {"step": step, "fixed": 1})
+    kept = list(saver.list(cfg("large")))
+    assert [t.metadata["step"] for t in kept] == [5, 4]
+    for t, step in zip(kept, (5, 4), strict=True):
+        assert t.checkpoint["channel_values"] == {"fixed": "f" * 2_000, "step": str(step) * 2_000}
+    if isinstance(getattr(saver.backend, "durable", saver.backend), SqlBackend):
+        assert saver.stats()["channel_values"] == 3  # fixed@1, step@4, step@5
+
+
 def test_s3_history_is_unlimited_by_default(saver: Any) -> None:
     run_turns(build_agent(saver), "unlimited", 2)
     assert len(list(saver.list(cfg("unlimited", checkpoint_ns="")))) == 2 * (MESSAGES_PER_TURN + 1)

@@ -89,19 +89,31 @@ ON CONFLICT (tid, checkpoint_ns, checkpoint_id) DO UPDATE SET
     checkpoint = EXCLUDED.checkpoint, metadata = EXCLUDED.metadata, vals = EXCLUDED.vals
 """
 
-# The id below which a namespace's checkpoints are beyond the newest %(offset)s + 1.
-_CUTOFF = """(SELECT checkpoint_id FROM tk_checkpoints
-     WHERE tid = %(tid)s AND checkpoint_ns = %(checkpoint_ns)s
-     ORDER BY checkpoint_id DESC LIMIT 1 OFFSET %(offset)s)"""
-
-DELETE_WRITES_BEYOND = (
-    "DELETE FROM tk_writes WHERE tid = %(tid)s AND checkpoint_ns = %(checkpoint_ns)s AND checkpoint_id < "
-    + _CUTOFF
+# Keep only the newest %(offset)s + 1 checkpoints of a namespace: delete the older ones, their
+# writes, and the channel values no kept checkpoint refers to, in one statement. Every part
+# reads the snapshot from before the deletes, so the values are matched against the kept
+# checkpoints by id (all of them when there are no more than that many: cutoff is NULL).
+KEEP_NEWEST = (
+    """
+WITH cutoff AS (
+    SELECT (SELECT checkpoint_id FROM tk_checkpoints
+            WHERE tid = %(tid)s AND checkpoint_ns = %(checkpoint_ns)s
+            ORDER BY checkpoint_id DESC LIMIT 1 OFFSET %(offset)s) AS id
+), writes AS (
+    DELETE FROM tk_writes WHERE tid = %(tid)s AND checkpoint_ns = %(checkpoint_ns)s
+      AND checkpoint_id < (SELECT id FROM cutoff)
+), checkpoints AS (
+    DELETE FROM tk_checkpoints WHERE tid = %(tid)s AND checkpoint_ns = %(checkpoint_ns)s
+      AND checkpoint_id < (SELECT id FROM cutoff)
 )
-
-DELETE_CHECKPOINTS_BEYOND = (
-    "DELETE FROM tk_checkpoints WHERE tid = %(tid)s AND checkpoint_ns = %(checkpoint_ns)s "
-    "AND checkpoint_id < " + _CUTOFF
+DELETE FROM tk_blobs
+WHERE tid = %(tid)s AND checkpoint_ns = %(checkpoint_ns)s
+  AND (channel, version) NOT IN (
+      SELECT version.key, version.value
+      FROM tk_checkpoints AS c, json_each_text(c.checkpoint -> 'channel_versions') AS version
+      WHERE c.tid = %(tid)s AND c.checkpoint_ns = %(checkpoint_ns)s
+        AND c.checkpoint_id >= coalesce((SELECT id FROM cutoff), ''))
+""",
 )
 
 # Channel values no checkpoint of the namespace refers to any more.

@@ -100,8 +100,7 @@ class SqlDialect(Protocol):
     PROBE_LINKS: str
     SELECT_MESSAGES: str
     UPSERT_CHECKPOINT: str
-    DELETE_CHECKPOINTS_BEYOND: str
-    DELETE_WRITES_BEYOND: str
+    KEEP_NEWEST: tuple[str, ...]
     COLLECT_BLOBS: str
     THREAD_OWNER: str
     RUN_THREADS: str
@@ -388,11 +387,7 @@ def _keep_newest(q: SqlDialect, tid: int, ns: str, keep: int) -> list[Sql | SqlM
     """Delete all but the newest ``keep`` checkpoints of a namespace, their writes, and the
     channel values no remaining checkpoint refers to. Messages stay with their thread."""
     params = {"tid": tid, "checkpoint_ns": ns, "offset": keep - 1}
-    return [
-        Sql(q.DELETE_WRITES_BEYOND, params),
-        Sql(q.DELETE_CHECKPOINTS_BEYOND, params),
-        Sql(q.COLLECT_BLOBS, {"tid": tid, "checkpoint_ns": ns}),
-    ]
+    return [Sql(statement, params) for statement in q.KEEP_NEWEST]
 
 
 def put_writes(q: SqlDialect, step: WritesStep) -> Program[None]:

@@ -99,11 +99,11 @@ _CUTOFF = """(SELECT checkpoint_id FROM tk_checkpoints
      WHERE tid = :tid AND checkpoint_ns = :checkpoint_ns
      ORDER BY checkpoint_id DESC LIMIT 1 OFFSET :offset)"""
 
-DELETE_WRITES_BEYOND = (
+_DELETE_WRITES_BEYOND = (
     "DELETE FROM tk_writes WHERE tid = :tid AND checkpoint_ns = :checkpoint_ns AND checkpoint_id < " + _CUTOFF
 )
 
-DELETE_CHECKPOINTS_BEYOND = (
+_DELETE_CHECKPOINTS_BEYOND = (
     "DELETE FROM tk_checkpoints WHERE tid = :tid AND checkpoint_ns = :checkpoint_ns AND checkpoint_id < "
     + _CUTOFF
 )
@@ -117,6 +117,10 @@ WHERE tid = :tid AND checkpoint_ns = :checkpoint_ns
       FROM tk_checkpoints AS c, json_each(c.checkpoint, '$.channel_versions') AS version
       WHERE c.tid = :tid AND c.checkpoint_ns = :checkpoint_ns)
 """
+
+# Keep only the newest :offset + 1 checkpoints of a namespace: the older ones, their writes,
+# then the channel values no kept checkpoint refers to.
+KEEP_NEWEST = (_DELETE_WRITES_BEYOND, _DELETE_CHECKPOINTS_BEYOND, COLLECT_BLOBS)
 
 # --- put_writes --------------------------------------------------------------------------
 
