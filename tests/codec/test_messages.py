@@ -6,6 +6,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
+import pytest
 from hypothesis import given
 from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
@@ -13,6 +14,7 @@ from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, Tool
 
 from threadkeep.codec import FaithfulCodec
 from threadkeep.codec.faithful import _lc_class, _lc_kwargs, _lc_spec, _rebuilder
+from threadkeep.errors import CheckpointSerializationError
 
 CODEC = FaithfulCodec()
 TEXT = st.text(max_size=40)
@@ -81,3 +83,20 @@ def test_c1_fast_rebuild_equals_the_langchain_constructor(message: Any) -> None:
     assert rebuilt.model_fields_set == constructed.model_fields_set
     assert rebuilt.model_dump() == constructed.model_dump()
     assert _lc_class(tuple(cls.lc_id())) is cls
+
+
+def test_c1_rebuilt_messages_never_share_a_default_container() -> None:
+    stored = CODEC.encode(HumanMessage("hi", id="1"))
+    first, second = CODEC.decode(stored), CODEC.decode(stored)
+    first.additional_kwargs["edited"] = True
+    first.response_metadata["edited"] = True
+    assert second.additional_kwargs == {} and second.response_metadata == {}
+    assert CODEC.decode(stored) == HumanMessage("hi", id="1")
+
+
+def test_c1_a_stored_message_missing_a_required_field_is_refused() -> None:
+    stored = CODEC.encode(ToolMessage("result", tool_call_id="call-1", id="1"))
+    broken = stored.replace(b'"tool_call_id":"call-1"', b'"status":"success"')
+    assert broken != stored
+    with pytest.raises(CheckpointSerializationError, match="lacks its field 'tool_call_id'"):
+        CODEC.decode(broken)

@@ -107,11 +107,34 @@ _SET_EXTRA: Final = BaseModel.__dict__["__pydantic_extra__"].__set__
 _SET_PRIVATE: Final = BaseModel.__dict__["__pydantic_private__"].__set__
 
 
+class _Shape:
+    """How to rebuild a model from kwargs naming one set of its fields, in one order: the
+    instance's ``__dict__`` starts as ``template`` (every field in declaration order, the
+    defaults filled in), takes the kwargs, then a fresh value from each missing field's
+    default factory."""
+
+    __slots__ = ("factories", "given", "template")
+
+    def __init__(
+        self,
+        template: dict[str, Any],
+        factories: tuple[tuple[str, Callable[[], Any]], ...],
+        given: frozenset[str],
+    ) -> None:
+        self.template, self.factories, self.given = template, factories, given
+
+
 class _Rebuild:
     """Rebuilds one pydantic model class from validated field values, as ``model_construct``
     does, without its per-field default deep copies (``copy.deepcopy`` of ``None`` and of
     strings is the identity) and with the class's plan computed once.
+
+    Stored messages name only the fields given when they were built (``lc_kwargs``), and a
+    thread's messages name a handful of field sets: each set's :class:`_Shape` is worked
+    out once, so a rebuild is a dict copy and update, not a loop over the fields.
     """
+
+    _MAX_SHAPES: Final = 64
 
     def __init__(self, cls: type[BaseModel]) -> None:
         self.cls = cls
@@ -126,20 +149,47 @@ class _Rebuild:
             else:
                 raise TypeError(f"{cls.__qualname__}.{name} has a mutable default")
         self.extra = cls.model_config.get("extra") == "allow"
-        self.names = tuple(name for name, _, _ in self.plan)
-        self.all_given = frozenset(self.names)
+        self.shapes: dict[tuple[str, ...], _Shape] = {}
 
     def __call__(self, kwargs: dict[str, Any]) -> BaseModel:
-        if tuple(kwargs) == self.names:
-            # Every field, in declaration order: how this codec stores a message. The parsed
-            # dict becomes the instance's own, as the general path below would build it.
-            instance = self.cls.__new__(self.cls)
-            _SET_DICT(instance, kwargs)
-            _SET_FIELDS_SET(instance, set(self.all_given))
-            _SET_EXTRA(instance, {} if self.extra else None)
-            _SET_PRIVATE(instance, None)
-            return instance
-        return self._general(kwargs)
+        shape = self.shapes.get(tuple(kwargs))
+        if shape is None:
+            shape = self._shape(tuple(kwargs))
+            if shape is None:  # unknown or missing fields
+                return self._general(kwargs)
+        values = shape.template.copy()
+        values.update(kwargs)
+        for name, factory in shape.factories:
+            values[name] = factory()
+        instance = self.cls.__new__(self.cls)
+        _SET_DICT(instance, values)
+        _SET_FIELDS_SET(instance, set(shape.given))
+        _SET_EXTRA(instance, {} if self.extra else None)
+        _SET_PRIVATE(instance, None)
+        return instance
+
+    def _shape(self, names: tuple[str, ...]) -> _Shape | None:
+        """The shape of kwargs naming ``names``, remembered; None if they name a field the
+        class does not declare or miss a required one (the general path says which)."""
+        given = frozenset(names)
+        if not given <= {name for name, _, _ in self.plan}:
+            return None
+        template: dict[str, Any] = {}
+        factories: list[tuple[str, Callable[[], Any]]] = []
+        for name, factory, default in self.plan:
+            template[name] = None
+            if name in given:
+                continue
+            if factory is not None:
+                factories.append((name, factory))
+            elif default is _NO_DEFAULT:
+                return None
+            else:
+                template[name] = default
+        shape = _Shape(template, tuple(factories), given)
+        if len(self.shapes) < self._MAX_SHAPES:
+            self.shapes[names] = shape
+        return shape
 
     def _general(self, kwargs: dict[str, Any]) -> BaseModel:
         values: dict[str, Any] = {}
