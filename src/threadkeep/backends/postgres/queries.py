@@ -93,7 +93,7 @@ ON CONFLICT (tid, checkpoint_ns, checkpoint_id) DO UPDATE SET
 # writes, and the channel values no kept checkpoint refers to, in one statement. Every part
 # reads the snapshot from before the deletes, so the values are matched against the kept
 # checkpoints by id (all of them when there are no more than that many: cutoff is NULL).
-KEEP_NEWEST = (
+KEEP_NEWEST: tuple[str, ...] = (
     """
 WITH cutoff AS (
     SELECT (SELECT checkpoint_id FROM tk_checkpoints

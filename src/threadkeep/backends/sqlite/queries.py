@@ -120,7 +120,7 @@ WHERE tid = :tid AND checkpoint_ns = :checkpoint_ns
 
 # Keep only the newest :offset + 1 checkpoints of a namespace: the older ones, their writes,
 # then the channel values no kept checkpoint refers to.
-KEEP_NEWEST = (_DELETE_WRITES_BEYOND, _DELETE_CHECKPOINTS_BEYOND, COLLECT_BLOBS)
+KEEP_NEWEST: tuple[str, ...] = (_DELETE_WRITES_BEYOND, _DELETE_CHECKPOINTS_BEYOND, COLLECT_BLOBS)
 
 # --- put_writes --------------------------------------------------------------------------
 
