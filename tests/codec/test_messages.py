@@ -90,7 +90,8 @@ def test_c1_rebuilt_messages_never_share_a_default_container() -> None:
     first, second = CODEC.decode(stored), CODEC.decode(stored)
     first.additional_kwargs["edited"] = True
     first.response_metadata["edited"] = True
-    assert second.additional_kwargs == {} and second.response_metadata == {}
+    assert second.additional_kwargs == {}
+    assert second.response_metadata == {}
     assert CODEC.decode(stored) == HumanMessage("hi", id="1")
 
 
