@@ -20,7 +20,7 @@ import marshal
 import operator
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Final
 
 from langchain_core.messages import BaseMessage
@@ -61,12 +61,28 @@ def _link(prev: bytes | None, digest: bytes) -> bytes:
 _IMMUTABLE: Final = frozenset({str, int, float, bool, bytes, type(None)})
 
 # What a put saw of one message: its class, its field values (kept alive, so an identity
-# check is sound), and a type-exact summary of the values that could change in place.
-_Seen = tuple[type, tuple[Any, ...], int]
+# check is sound), which of them could change in place (a getter of those values), and a
+# type-exact summary of those.
+_Seen = tuple[type, tuple[Any, ...], Callable[[tuple[Any, ...]], Any], int]
 
 
-def _fingerprint(message: Any) -> _Seen | None:
-    """What :func:`_unchanged` compares, or ``None`` when it cannot be taken.
+def _no_values(values: tuple[Any, ...]) -> tuple[()]:
+    return ()
+
+
+def _mutable_values(values: tuple[Any, ...]) -> Callable[[tuple[Any, ...]], Any]:
+    """A getter of the ``values`` that could change in place (containers), as one tuple."""
+    at = [i for i, value in enumerate(values) if type(value) not in _IMMUTABLE]
+    if not at:
+        return _no_values
+    if len(at) == 1:
+        return operator.itemgetter(slice(at[0], at[0] + 1))
+    return operator.itemgetter(*at)
+
+
+def _see(message: Any) -> _Seen | None:
+    """What :func:`_unchanged` compares a message with later, or ``None`` when it cannot be
+    taken.
 
     A message's large fields (its content, mostly) are immutable strings: they are compared
     by identity, in constant time. Containers, which a node may edit in place, are summed up
@@ -76,21 +92,31 @@ def _fingerprint(message: Any) -> _Seen | None:
     """
     try:
         values = tuple(message.__dict__.values())
-        mutable = [value for value in values if type(value) not in _IMMUTABLE]
-        return type(message), values, hash(marshal.dumps((mutable, message.__pydantic_extra__)))
+        mutable = _mutable_values(values)
+        return (
+            type(message),
+            values,
+            mutable,
+            hash(marshal.dumps((mutable(values), message.__pydantic_extra__))),
+        )
     except (ValueError, AttributeError):
         return None
 
 
-def _unchanged(seen: _Seen, now: _Seen) -> bool:
+def _unchanged(seen: _Seen, message: Any) -> bool:
     """Whether a message is as a previous put saw it: the same class, every field the very
     same object, and its containers holding the same values."""
-    return (
-        seen[0] is now[0]
-        and seen[2] == now[2]
-        and len(seen[1]) == len(now[1])
-        and all(map(operator.is_, seen[1], now[1]))
-    )
+    cls, values, mutable, summary = seen
+    try:
+        now = tuple(message.__dict__.values())
+        return (
+            cls is type(message)
+            and len(values) == len(now)
+            and all(map(operator.is_, values, now))
+            and hash(marshal.dumps((mutable(now), message.__pydantic_extra__))) == summary
+        )
+    except (ValueError, AttributeError):
+        return False
 
 
 class _Remembered:
@@ -282,17 +308,19 @@ class MessageChain:
         # While the list starts as the previous put's did, its link nodes are that put's.
         shared = min(len(previous.list_digests), len(self._messages))
         for position, message in enumerate(self._messages):
-            seen = _fingerprint(message)
             entry = seen_before.get(id(message))
-            if seen is not None and entry is not None and _unchanged(entry[0], seen):
+            if entry is not None and _unchanged(entry[0], message):
                 digest = entry[1]
+                current.digests[id(message)] = entry
+                current.objects.append(message)
             else:
                 kind, payload = self._encode(position)
                 digest = digest_of(kind, payload)
                 self._payloads[position] = (kind, payload)
-            if seen is not None:
-                current.digests[id(message)] = (seen, digest)
-                current.objects.append(message)
+                seen = _see(message)
+                if seen is not None:
+                    current.digests[id(message)] = (seen, digest)
+                    current.objects.append(message)
             if position < shared and previous.list_digests[position] == digest:
                 prev = previous.nodes[position]
             else:
