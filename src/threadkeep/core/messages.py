@@ -109,11 +109,12 @@ def _unchanged(seen: _Seen, message: Any) -> bool:
     cls, values, mutable, summary = seen
     try:
         now = tuple(message.__dict__.values())
+        extra = message.__pydantic_extra__
         return (
             cls is type(message)
             and len(values) == len(now)
             and all(map(operator.is_, values, now))
-            and hash(marshal.dumps((mutable(now), message.__pydantic_extra__))) == summary
+            and hash(marshal.dumps((mutable(now), extra))) == summary
         )
     except (ValueError, AttributeError):
         return False
