@@ -12,18 +12,22 @@ Stores (every Postgres store on a pool of at most 8 connections):
 - ``floor-postgres``: one INSERT of the whole encoded state per step, one transaction each;
   a load is one SELECT of the newest row plus decoding it.
 - ``floor-redis``: one SET of the whole encoded state per step; a load is one GET plus decoding.
+- ``floor-graph`` (throughput only): LangGraph's ``InMemorySaver`` keeping the live objects,
+  nothing encoded or sent: what the graph itself costs.
 
 Reported: bytes stored after K turns; per-call ``put``/``put_writes``/``get_tuple`` median
 and p99 over a K=40 conversation; a cold load (a new saver instance reading the newest state
 of the finished 40-turn thread: its pool open, its caches empty, the tables ANALYZEd as
 autovacuum would have them in service); and the throughput of 32 conversations running at
-once, 10 and 40 turns long.
+once, 10 and 40 turns long, with the CPU time per turn of this process and of the local
+Postgres and Redis server processes (read from ``/proc``; shown as ``-`` elsewhere).
 """
 
 from __future__ import annotations
 
 import asyncio
 import gc
+import os
 import statistics
 import time
 import uuid
@@ -59,6 +63,9 @@ STORES = (
     "floor-postgres",
     "floor-redis",
 )
+# Stores measured only for throughput.
+THROUGHPUT_ONLY = ("floor-graph",)
+SERVER_PROCESSES = ("postgres", "redis-server")
 # The Postgres provider's settings, by store name.
 PG_SETTINGS = {
     "threadkeep-postgres": Settings(pool_max_size=POOL),
@@ -111,6 +118,16 @@ class FloorSaver(BaseCheckpointSaver[str]):
         kind, payload = data.split(b"\0", 1)
         state = SERDE.loads_typed((kind.decode(), payload))
         return CheckpointTuple(config, state["checkpoint"], state["metadata"], None, [])
+
+
+class LiveObjects:
+    """A serializer that keeps values as they are: ``floor-graph`` stores live objects."""
+
+    def dumps_typed(self, obj: Any) -> tuple[str, Any]:
+        return "live", obj
+
+    def loads_typed(self, data: tuple[str, Any]) -> Any:
+        return data[1]
 
 
 @asynccontextmanager
@@ -197,6 +214,10 @@ async def open_store(name: str) -> AsyncIterator[Store]:
                 return await client.get(f"{prefix}:{thread_id}")  # type: ignore[no-any-return]
 
             yield Store(FloorSaver(set_, get), prefix=prefix)
+        elif name == "floor-graph":
+            from langgraph.checkpoint.memory import InMemorySaver
+
+            yield Store(InMemorySaver(serde=LiveObjects()))
         else:
             raise ValueError(name)
     finally:
@@ -325,14 +346,43 @@ async def _fresh_instance(name: str, saver: Any) -> Any:
     return open_checkpointer("redis", REDIS, settings=Settings(), key_prefix=saver.backend.space.prefix)
 
 
-async def throughput(name: str, conversations: int, turns: int) -> float:
-    """Turns per second with ``conversations`` conversations running at once."""
+async def throughput(name: str, conversations: int, turns: int) -> dict[str, float]:
+    """Turns per second with ``conversations`` conversations running at once, and the CPU
+    milliseconds per turn of this process and of the servers."""
     gc.collect()
     async with open_store(name) as store:
         saver = store.saver
-        start = time.perf_counter()
+        start, cpu, server = time.perf_counter(), time.process_time(), server_cpu()
         await asyncio.gather(*(conversation(saver, f"c{i}", turns) for i in range(conversations)))
-        return conversations * turns / (time.perf_counter() - start)
+        elapsed, done = time.perf_counter() - start, conversations * turns
+        server_after = server_cpu()
+        return {
+            "turns_per_s": done / elapsed,
+            "client_ms": (time.process_time() - cpu) * 1000 / done,
+            "server_ms": float("nan")
+            if server is None or server_after is None
+            else (server_after - server) * 1000 / done,
+        }
+
+
+def server_cpu() -> float | None:
+    """CPU seconds the local Postgres and Redis server processes have used (their own, and
+    their reaped children's), from ``/proc``; None where there is no ``/proc``."""
+    if not os.path.isdir("/proc/self"):
+        return None
+    ticks = 0
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/stat") as stat:
+                line = stat.read()
+        except OSError:  # gone since the listing
+            continue
+        name, fields = line[line.index("(") + 1 : line.rindex(")")], line[line.rindex(")") + 2 :].split()
+        if name.startswith(SERVER_PROCESSES):
+            ticks += sum(int(field) for field in fields[11:15])  # utime, stime, cutime, cstime
+    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 def main(
@@ -347,13 +397,18 @@ def main(
 async def _main(
     runs: int, turns: tuple[int, ...], conversations: int, conversation_turns: tuple[int, ...]
 ) -> dict[str, Any]:
-    samples: dict[str, list[dict[str, Any]]] = {name: [] for name in STORES}
+    samples: dict[str, list[dict[str, Any]]] = {name: [] for name in (*STORES, *THROUGHPUT_ONLY)}
     for _ in range(runs):
         for name in STORES:
             samples[name].append(await one_run(name, turns))
+        for name in THROUGHPUT_ONLY:
+            samples[name].append({})
         for length in conversation_turns:
-            for name in STORES:
-                samples[name][-1][f"throughput@{length}"] = await throughput(name, conversations, length)
+            for name in (*STORES, *THROUGHPUT_ONLY):
+                measured = await throughput(name, conversations, length)
+                samples[name][-1][f"throughput@{length}"] = measured["turns_per_s"]
+                samples[name][-1][f"client_ms@{length}"] = measured["client_ms"]
+                samples[name][-1][f"server_ms@{length}"] = measured["server_ms"]
     results = {
         name: {key: statistics.median(s[key] for s in runs_of) for key in runs_of[0]}
         for name, runs_of in samples.items()
@@ -380,11 +435,17 @@ def report(
             f"{name:22}{r['aput']:>8.3f}/{r['aput_p99']:<7.3f}{r['aput_writes']:>8.3f}/{r['aput_writes_p99']:<7.3f}"
             f"{r['aget_tuple']:>8.3f}/{r['aget_tuple_p99']:<7.3f}{r['cold_load']:>11.3f}"
         )
-    print(f"\nThroughput: turns per second, {conversations} conversations at once")
-    print(f"{'store':22}" + "".join(f"{f'{n} turns each':>16}" for n in conversation_turns))
-    for name in STORES:
+    print(f"\nThroughput: turns per second, {conversations} conversations at once;")
+    print("CPU ms per turn: this process (the graph and the saver's client) / the servers")
+    print(f"{'store':22}" + "".join(f"{f'{n} turns each':>26}" for n in conversation_turns))
+    for name in (*STORES, *THROUGHPUT_ONLY):
+        r = results[name]
         print(
-            f"{name:22}" + "".join(f"{results[name][f'throughput@{n}']:>16.1f}" for n in conversation_turns)
+            f"{name:22}"
+            + "".join(
+                f"{r[f'throughput@{n}']:>10.1f} ({r[f'client_ms@{n}']:6.2f} / {r[f'server_ms@{n}']:5.2f})"
+                for n in conversation_turns
+            )
         )
     print("\nthreadkeep-postgres against langgraph-postgres")
     print(f"  bytes at K={k}: {lg[f'bytes@{k}'] / ours[f'bytes@{k}']:.1f}x smaller", end="")
@@ -392,7 +453,19 @@ def report(
     print(f" ({lg[f'bytes@{k}'] / z256:.1f}x with values over 256 B compressed)")
     print(f"  put median: {ours['aput'] / lg['aput']:.2f} of its time")
     print(f"  cold load: {lg['cold_load'] / ours['cold_load']:.2f}x faster")
+    graph = results["floor-graph"]
     for n in conversation_turns:
         print(f"  throughput, {n}-turn conversations: {ours[f'throughput@{n}'] / lg[f'throughput@{n}']:.2f}x")
+        mine, theirs = saver_cpu_ms(ours, graph, n), saver_cpu_ms(lg, graph, n)
+        print(
+            f"  saver CPU per turn, {n}-turn conversations (client beyond the graph's own, plus servers):"
+            f" {mine:.1f} vs {theirs:.1f} ms (LangGraph's / ours: {theirs / mine:.2f}x)"
+        )
     redis, floor = results["threadkeep-redis"], results["floor-redis"]
     print(f"threadkeep-redis cold load: {redis['cold_load'] / floor['cold_load']:.2f}x the raw-GET floor's")
+
+
+def saver_cpu_ms(store: dict[str, Any], graph: dict[str, Any], turns: int) -> float:
+    """The CPU a saver costs per turn: this process's beyond what the graph alone takes
+    (``floor-graph``), plus the servers'."""
+    return float(store[f"client_ms@{turns}"] - graph[f"client_ms@{turns}"] + store[f"server_ms@{turns}"])
