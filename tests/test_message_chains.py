@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from langchain_core.messages import AIMessage, HumanMessage
 
 from threadkeep.codec.serde import build_serde
@@ -65,6 +67,30 @@ def test_s1_memo_gives_the_links_and_digests_a_fresh_encoding_gives() -> None:
     check("5")
     messages[0] = AIMessage.model_validate(messages[0].model_dump())  # an equal, new object
     check("6")
+    messages[1].name = messages[1].name  # no value changes, but "name" is now marked set
+    check("7")
+
+
+def test_s1_memo_never_keeps_a_digest_for_a_message_edited_while_it_was_encoded() -> None:
+    """A node may edit a message in place while a put (run in the background, LangGraph's
+    async durability) encodes it: the digest is of what was encoded, so the next put must
+    not take it for the message as it is now."""
+
+    class EditingSerde:
+        def dumps_typed(self, obj: Any) -> tuple[str, bytes]:
+            encoded = SERDE.dumps_typed(obj)
+            obj.additional_kwargs["edited"] = True  # after encoding, before the put ends
+            return encoded
+
+        def loads_typed(self, data: tuple[str, bytes]) -> Any:
+            return SERDE.loads_typed(data)
+
+    memo = EncodingMemo()
+    key = ("t", "", "messages")
+    messages = [HumanMessage("q", id="1")]
+    MessageChain("messages", "1", messages, EditingSerde(), memo=memo, memo_key=key)
+    memoized = MessageChain("messages", "2", messages, SERDE, memo=memo, memo_key=key)
+    assert memoized.digests == MessageChain("messages", "2", messages, SERDE).digests
 
 
 def test_s1_memo_is_per_list_and_bounded() -> None:

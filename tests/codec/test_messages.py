@@ -101,3 +101,13 @@ def test_c1_a_stored_message_missing_a_required_field_is_refused() -> None:
     assert broken != stored
     with pytest.raises(CheckpointSerializationError, match="lacks its field 'tool_call_id'"):
         CODEC.decode(broken)
+
+
+def test_c1_a_rebuild_is_the_same_whatever_order_the_stored_fields_come_in() -> None:
+    kwargs = {"content": "x", "id": "2", "tool_calls": [], "name": "bot"}
+    build = _rebuilder(AIMessage)
+    for order in (list(kwargs), list(reversed(kwargs)), ["name", "content", "tool_calls", "id"]):
+        rebuilt = build({name: kwargs[name] for name in order})
+        constructed = AIMessage(**kwargs)
+        assert list(rebuilt.__dict__.items()) == list(constructed.__dict__.items())
+        assert rebuilt.model_fields_set == constructed.model_fields_set

@@ -88,19 +88,25 @@ def _see(message: Any) -> _Seen | None:
     by identity, in constant time. Containers, which a node may edit in place, are summed up
     with ``marshal``, which renders builtin values exactly (a tuple is not a list, ``-0.0``
     is not ``0.0``) and refuses everything else, so a message holding other types is never
-    memoized.
+    memoized. The summary includes the extra fields and the set of fields marked set, which
+    the encoding depends on too (assigning a field its own value marks it set).
+
+    Taken before the message is encoded: a message edited while it is encoded then differs
+    from what was seen, and is encoded again by the next put.
     """
     try:
         values = tuple(message.__dict__.values())
         mutable = _mutable_values(values)
-        return (
-            type(message),
-            values,
-            mutable,
-            hash(marshal.dumps((mutable(values), message.__pydantic_extra__))),
-        )
+        return type(message), values, mutable, _summary(mutable(values), message)
     except (ValueError, AttributeError):
         return None
+
+
+def _summary(mutable: Any, message: Any) -> int:
+    """A type-exact summary of what of ``message`` can change without a field's object
+    changing. Raises ``ValueError`` for a value ``marshal`` cannot render."""
+    rendered = marshal.dumps((mutable, message.__pydantic_extra__))
+    return hash(rendered) ^ hash(frozenset(message.__pydantic_fields_set__))
 
 
 def _unchanged(seen: _Seen, message: Any) -> bool:
@@ -109,12 +115,11 @@ def _unchanged(seen: _Seen, message: Any) -> bool:
     cls, values, mutable, summary = seen
     try:
         now = tuple(message.__dict__.values())
-        extra = message.__pydantic_extra__
         return (
-            cls is type(message)
+            type(message) is cls
             and len(values) == len(now)
             and all(map(operator.is_, values, now))
-            and hash(marshal.dumps((mutable(now), extra))) == summary
+            and _summary(mutable(now), message) == summary
         )
     except (ValueError, AttributeError):
         return False
@@ -315,10 +320,10 @@ class MessageChain:
                 current.digests[id(message)] = entry
                 current.objects.append(message)
             else:
+                seen = _see(message)
                 kind, payload = self._encode(position)
                 digest = digest_of(kind, payload)
                 self._payloads[position] = (kind, payload)
-                seen = _see(message)
                 if seen is not None:
                     current.digests[id(message)] = (seen, digest)
                     current.objects.append(message)
