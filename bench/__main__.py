@@ -1,7 +1,7 @@
-"""``./dev bench [conversation|servers|tiered] [--runs N] [--turns 5,10,20,40] [--json PATH]``
+"""``./dev bench [conversation|servers|tiered|sweep|calls] [--runs N] [--turns 5,10,20,40] [--json PATH]``
 (``servers`` also takes ``--conversations 32 --conversation-turns 10,40``; ``tiered`` takes
-``--conversations 32 --conversation-turns 10``, its one length; ``sweep`` takes
-``--threads 100000``)."""
+``--conversations 32 --conversation-turns 10``, its one length; ``calls`` takes
+``--conversation-turns 10``, its one length; ``sweep`` takes ``--threads 100000``)."""
 
 from __future__ import annotations
 
@@ -10,13 +10,16 @@ import json
 import sys
 from pathlib import Path
 
-from bench import conversation, servers, sweep, tiered
+from bench import calls, conversation, servers, sweep, tiered
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="./dev bench")
     parser.add_argument(
-        "suite", nargs="?", default="conversation", choices=["conversation", "servers", "tiered", "sweep"]
+        "suite",
+        nargs="?",
+        default="conversation",
+        choices=["conversation", "servers", "tiered", "sweep", "calls"],
     )
     parser.add_argument("--runs", type=int, default=3, help="runs per measurement; the median is kept")
     parser.add_argument("--turns", default="5,10,20,40", help="conversation lengths K to measure")
@@ -28,7 +31,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=100_000, help="sweep: expired threads to seed")
     args = parser.parse_args(argv)
     turns = tuple(int(k) for k in args.turns.split(","))
-    if args.suite == "sweep":
+    if args.suite == "calls":
+        results = calls.main(runs=args.runs, turns=int(args.conversation_turns.split(",")[0]))
+    elif args.suite == "sweep":
         results = sweep.main(runs=args.runs, threads=args.threads)
     elif args.suite == "tiered":
         results = tiered.main(
