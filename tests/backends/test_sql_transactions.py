@@ -9,7 +9,7 @@ import pytest
 
 from tests.providers import Opener
 from threadkeep import StorageError
-from threadkeep.workload import build_agent, turn_input
+from threadkeep.workload import MESSAGES_PER_TURN, build_agent, turn_input
 
 
 @pytest.mark.providers("memory", "sqlite", "postgres")
@@ -17,6 +17,8 @@ def test_w1_sql_step_failing_before_commit_rolls_back(
     open_saver: Opener, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     saver = open_saver()
+    # The locked put (a put as one statement commits with its only statement: see below)
+    monkeypatch.setattr(saver.backend.dialect, "claimed_put", None)
     config = {"configurable": {"thread_id": "atomic"}}
     graph = build_agent(saver)
     graph.invoke(turn_input(0), config)
@@ -40,3 +42,38 @@ def test_w1_sql_step_failing_before_commit_rolls_back(
     # store the message each wrote (by reference), and nothing of the failed put is left
     assert after["messages"] - before["messages"] <= after["writes"] - before["writes"]
     assert saver.get_tuple(config).checkpoint["id"] == head.checkpoint["id"]
+
+
+@pytest.mark.providers("postgres")
+def test_w1_a_put_as_one_statement_that_fails_midway_stores_nothing(
+    open_saver: Opener, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The one-statement put sets the head, then writes messages, links and the checkpoint:
+    a row that fails after the head is set takes the whole statement back with it."""
+    saver = open_saver()
+    config = {"configurable": {"thread_id": "atomic"}}
+    graph = build_agent(saver)
+    graph.invoke(turn_input(0), config)
+    before = dict(saver.stats())
+    head = saver.get_tuple(config)
+    dialect = saver.backend.dialect
+    claimed_put = dialect.claimed_put
+    claims: list[bool] = []
+
+    def failing_row(common: Any, rows: Any, keep: Any) -> Any:
+        claims.append(True)
+        broken = {**rows, "message": [*rows["message"], {"digest": b"x", "type": None, "value": b""}]}
+        return claimed_put(common, broken, keep)  # a NULL type: the last message row fails
+
+    monkeypatch.setattr(dialect, "claimed_put", failing_row)
+    with pytest.raises(StorageError):
+        graph.invoke(turn_input(1), config)
+    monkeypatch.undo()
+
+    assert claims  # the put went as one statement
+    after = saver.stats()
+    for key in ("threads", "checkpoints", "channel_values"):
+        assert after[key] == before[key], key
+    assert saver.get_tuple(config).checkpoint["id"] == head.checkpoint["id"]
+    graph.invoke(turn_input(1), config)  # the head was not moved: the thread goes on
+    assert len(saver.get_tuple(config).checkpoint["channel_values"]["messages"]) == 2 * MESSAGES_PER_TURN

@@ -52,11 +52,18 @@ class Batch:
     the others' results are ``[]``. An engine may then run the batch as one statement
     (Postgres: the writes as data-modifying CTEs of the read), which costs the client one
     statement's work instead of one per statement.
+
+    ``ends=True`` says the batch's statements may commit on their own, before the program
+    goes on: an engine sends the transaction's COMMIT with them (or nothing more, for a lone
+    statement that no transaction precedes: one statement is atomic), and runs what the
+    program asks next in a new transaction. An engine that holds one transaction for the
+    whole program (SQLite) may keep it.
     """
 
     requests: tuple[Sql | SqlMany, ...]
     wanted: bool = True
     independent: bool = False
+    ends: bool = False
 
 
 class Engine(Protocol):

@@ -324,7 +324,10 @@ def _round_trips(program: Program[T], transaction: bool) -> Generator[list[_Stat
 
     BEGIN travels with the first round trip and COMMIT with the last. A batch whose results
     the program does not read (``Batch(wanted=False)``) is held back and sent with the next
-    round trip, or with the COMMIT: a put costs two round trips, a read of one statement one.
+    round trip, or with the COMMIT: a locked put costs two round trips, a read of one
+    statement one. A batch that may commit on its own (``Batch(ends=True)``) carries the
+    COMMIT, or goes alone if it is one statement that no transaction precedes (a put as one
+    statement: one round trip); what the program asks after it runs in a new transaction.
     A failed round trip is raised inside the program, as :func:`~threadkeep.core.program.drive`
     does.
     """
@@ -336,10 +339,22 @@ def _round_trips(program: Program[T], transaction: bool) -> Generator[list[_Stat
         return stop.value  # type: ignore[no-any-return]
     while True:
         try:
-            if isinstance(request, Batch) and not request.wanted:
+            if isinstance(request, Batch) and request.ends:
+                statements, shape = _statements(request)
+                lone = not begun and not held and len(statements) == 1
+                opening = [_BEGIN] if transaction and not begun and not lone else []
+                closing = [_COMMIT] if (begun or opening) else []
+                sent = [*opening, *held, *statements, *closing]
+                first = len(sent) - len(closing) - len(statements)
+                held, begun = [], False
+                results = yield sent
+                if closing:
+                    _check_committed(results[-1])
+                reply: Any = shape(results[first : first + len(statements)])
+            elif isinstance(request, Batch) and not request.wanted:
                 fused = _fuse(request)
                 held.extend([fused] if fused is not None else request.requests)
-                reply: Any = [None] * len(request.requests)
+                reply = [None] * len(request.requests)
             else:
                 opening = [_BEGIN] if transaction and not begun else []
                 begun = begun or transaction
@@ -371,12 +386,23 @@ def _finish(held: list[Sql | SqlMany], begun: bool, value: T) -> Generator[list[
     tail: list[_Statement] = [*held, *([_COMMIT] if begun else [])]
     if tail:
         results = yield tail
-        if begun and results[-1] != _COMMIT:
-            raise psycopg.errors.InFailedSqlTransaction(
-                f"the transaction ended in {results[-1]!r}, not COMMIT: a statement of it had failed, "
-                "so nothing of it was stored"
-            )
+        if begun:
+            _check_committed(results[-1])
     return value
+
+
+def _check_committed(answer: object) -> None:
+    """Raise unless the server answered a COMMIT with COMMIT.
+
+    Raises:
+        psycopg.errors.InFailedSqlTransaction: the server rolled the transaction back instead
+            (a program went on after a failed statement): nothing of it was stored.
+    """
+    if answer != _COMMIT:
+        raise psycopg.errors.InFailedSqlTransaction(
+            f"the transaction ended in {answer!r}, not COMMIT: a statement of it had failed, "
+            "so nothing of it was stored"
+        )
 
 
 def _statements(request: Any) -> tuple[list[Sql | SqlMany], Callable[[list[Any]], Any]]:

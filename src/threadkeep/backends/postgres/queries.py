@@ -7,6 +7,9 @@ constants only repeat placeholders or join other constants.
 
 from __future__ import annotations
 
+import functools
+import re
+
 import orjson
 
 from threadkeep.core.program import Sql
@@ -116,6 +119,12 @@ WHERE tid = %(tid)s AND checkpoint_ns = %(checkpoint_ns)s
 """,
 )
 
+# KEEP_NEWEST for a thread named by its id, for a put that does not know its thread's tid.
+_KEEP_NEWEST_OF_THREAD = tuple(
+    statement.replace("%(tid)s", "(SELECT tid FROM tk_threads WHERE thread_id = %(thread_id)s)")
+    for statement in KEEP_NEWEST
+)
+
 # Channel values no checkpoint of the namespace refers to any more.
 COLLECT_BLOBS = """
 DELETE FROM tk_blobs
@@ -138,26 +147,126 @@ WHERE c.run_id IN (SELECT jsonb_array_elements_text(%(run_ids)s::jsonb))
   AND (%(owner)s::text IS NULL OR t.owner = %(owner)s::text)
 """
 
-# Rows go in as arrays: one statement however many rows a step has.
-_MANY = {
-    "message": """
-INSERT INTO tk_messages (tid, digest, type, value)
-SELECT %(tid)s, * FROM unnest(%(digest)s::bytea[], %(type)s::text[], %(value)s::bytea[])
-ON CONFLICT DO NOTHING
-""",
-    "link": """
-INSERT INTO tk_message_links (tid, node, prev, digest)
-SELECT %(tid)s, * FROM unnest(%(node)s::bytea[], %(prev)s::bytea[], %(digest)s::bytea[])
-ON CONFLICT DO NOTHING
-""",
-    "blob": """
-INSERT INTO tk_blobs (tid, checkpoint_ns, channel, version, type, value)
-SELECT %(tid)s, %(checkpoint_ns)s, *
-FROM unnest(%(channel)s::text[], %(version)s::text[], %(type)s::text[], %(value)s::bytea[])
-ON CONFLICT (tid, checkpoint_ns, channel, version)
-DO UPDATE SET type = EXCLUDED.type, value = EXCLUDED.value
-""",
+# Rows go in as arrays: one statement however many rows a step has. Each kind: the table and
+# its columns, the values every row shares, its array columns, what a conflict does.
+_ROWS = {
+    "message": (
+        "tk_messages (tid, digest, type, value)",
+        "",
+        "%(digest)s::bytea[], %(type)s::text[], %(value)s::bytea[]",
+        "DO NOTHING",
+    ),
+    "link": (
+        "tk_message_links (tid, node, prev, digest)",
+        "",
+        "%(node)s::bytea[], %(prev)s::bytea[], %(digest)s::bytea[]",
+        "DO NOTHING",
+    ),
+    "blob": (
+        "tk_blobs (tid, checkpoint_ns, channel, version, type, value)",
+        "%(checkpoint_ns)s, ",
+        "%(channel)s::text[], %(version)s::text[], %(type)s::text[], %(value)s::bytea[]",
+        "(tid, checkpoint_ns, channel, version) DO UPDATE SET type = EXCLUDED.type, value = EXCLUDED.value",
+    ),
 }
+
+
+def _insert_rows(kind: str, tid: str = "%(tid)s", source: str = "") -> str:
+    """The INSERT of rows of ``kind`` for thread ``tid``, reading ``source`` first if any."""
+    table, shared, arrays, conflict = _ROWS[kind]
+    return f"""
+INSERT INTO {table}
+SELECT {tid}, {shared}r.* FROM {source}unnest({arrays}) AS r
+ON CONFLICT {conflict}
+"""
+
+
+_MANY = {kind: _insert_rows(kind) for kind in _ROWS}
+
+# --- put in one statement ------------------------------------------------------------------
+
+# A locked put of the root namespace records the head it leaves: the newer of the head it
+# read (%(head_id)s) and its own checkpoint.
+SET_HEAD = (
+    "UPDATE tk_threads SET head = greatest(%(head_id)s::text, %(checkpoint_id)s::text) WHERE tid = %(tid)s"
+)
+
+# A put that continues the head of its thread's root namespace, as one statement: it sets
+# the head in the thread's row (tk_threads.head, migration 5) if it is still the parent, and
+# only then writes. An UPDATE that waited for a concurrent writer re-checks its row as that
+# writer left it, so two such puts, or one and a locked put (LOCK_THREAD), serialize as the
+# lock does (SPEC W2). Every other guard the put's first round trip would check is part of
+# the condition: the owner (W3), the parent holding each unchanged channel at its version
+# (%(unchanged)s, so its entries can be carried), and the links the writer takes for stored
+# (%(known)s, the last one of each list's known prefix). No row back: nothing was written,
+# and the put runs as usual (a first put, a branch, a conflict, an unknown list).
+CLAIM_HEAD = """
+UPDATE tk_threads AS t SET head = %(checkpoint_id)s::text
+WHERE t.thread_id = %(thread_id)s AND t.head = %(parent_id)s::text
+  AND %(checkpoint_id)s::text > %(parent_id)s::text
+  AND (%(required_owner)s::text IS NULL OR t.owner = %(required_owner)s::text)
+  AND NOT EXISTS (
+      SELECT 1 FROM jsonb_each_text(%(unchanged)s::jsonb) AS u
+      WHERE NOT EXISTS (
+          SELECT 1 FROM tk_checkpoints AS p
+          WHERE p.tid = t.tid AND p.checkpoint_ns = '' AND p.checkpoint_id = %(parent_id)s::text
+            AND p.checkpoint -> 'channel_versions' ->> u.key = u.value))
+  AND (SELECT count(*) FROM tk_message_links AS l
+       WHERE l.tid = t.tid AND l.node = ANY(%(known)s::bytea[])) = cardinality(%(known)s::bytea[])
+RETURNING t.tid
+"""
+
+# The checkpoint of a claimed put: its own small values, and the parent's entries for the
+# channels it left unchanged.
+_CLAIMED_CHECKPOINT = """
+INSERT INTO tk_checkpoints
+    (tid, checkpoint_ns, checkpoint_id, parent_id, run_id, created_at, checkpoint, metadata, vals)
+SELECT claim.tid, '', %(checkpoint_id)s, %(parent_id)s, %(run_id)s, %(now)s,
+       %(checkpoint)s::json, %(metadata)s::json,
+       nullif(coalesce(%(vals)s::jsonb, '{}') || coalesce((
+           SELECT jsonb_object_agg(u.key, p.vals -> u.key)
+           FROM tk_checkpoints AS p, jsonb_each_text(%(unchanged)s::jsonb) AS u
+           WHERE p.tid = claim.tid AND p.checkpoint_ns = '' AND p.checkpoint_id = %(parent_id)s::text
+             AND p.vals ? u.key), '{}'), '{}')
+FROM claim
+ON CONFLICT (tid, checkpoint_ns, checkpoint_id) DO NOTHING
+"""
+
+_PLACEHOLDER = re.compile(r"%\((\w+)\)s")
+
+
+@functools.lru_cache(maxsize=16)
+def _claimed_put_sql(kinds: tuple[str, ...]) -> str:
+    """CLAIM_HEAD, then the rows of ``kinds`` (their parameters prefixed ``<kind>_``) and the
+    checkpoint, each written only for the thread the claim returns."""
+    rows = []
+    for kind in kinds:
+        insert = _PLACEHOLDER.sub(rf"%({kind}_\1)s", _insert_rows(kind, "claim.tid", "claim, "))
+        rows.append(f"{kind}s AS ({insert})")
+    parts = [f"claim AS ({CLAIM_HEAD})", *rows, f"checkpoint AS ({_CLAIMED_CHECKPOINT})"]
+    return "WITH " + ",\n".join(parts) + "\nSELECT tid FROM claim"
+
+
+def claimed_put(
+    common: dict[str, object], rows: dict[str, list[dict[str, object]]], keep: int | None
+) -> tuple[Sql, ...]:
+    """A put as one statement (see CLAIM_HEAD), and under a history limit (``keep``) the
+    statement that keeps the newest ``keep`` checkpoints (run either way: with no claimed
+    checkpoint it deletes nothing). ``common`` holds CLAIM_HEAD's and the checkpoint's
+    parameters, ``rows`` the rows of each kind (``message``, ``link``, ``blob``) to write,
+    as :func:`many` takes them."""
+    kinds = tuple(kind for kind in _ROWS if rows.get(kind))
+    params = dict(common)
+    for kind in kinds:
+        columns = rows[kind][0].keys()
+        for name in _PLACEHOLDER.findall(_ROWS[kind][1] + _ROWS[kind][2]):
+            params[f"{kind}_{name}"] = [row[name] for row in rows[kind]] if name in columns else common[name]
+    claimed = Sql(_claimed_put_sql(kinds), params)
+    if keep is None:
+        return (claimed,)
+    limit = {"thread_id": common["thread_id"], "checkpoint_ns": "", "offset": keep - 1}
+    return (claimed, *(Sql(statement, limit) for statement in _KEEP_NEWEST_OF_THREAD))
+
 
 # A task's writes are stored only if the writer may write the thread (W3) and, under a
 # history limit (%(offset)s set), their checkpoint was not pruned already (LangGraph may
@@ -549,6 +658,10 @@ WAITING_COUNT = f"SELECT count(*) FROM tk_threads AS t WHERE {_WAITING}"
 # first, and the statements after the lock see what it wrote; a writer that comes later waits,
 # then finds the thread gone and starts a new one (the sweep's next round deletes it again).
 LOCK_THREADS = f"SELECT tid FROM tk_threads WHERE tid IN {_TIDS} ORDER BY tid FOR UPDATE"
+
+# Threads whose root namespace's head (tk_threads.head) is no longer known: a delete by run
+# or a copy onto them moved it. Their next put locks the row and sets it again.
+CLEAR_HEADS = f"UPDATE tk_threads SET head = NULL WHERE tid IN {_TIDS}"
 
 # The threads' rows go first, and a sweep's only if they are still past the horizon and not
 # parked (a run may have started on one since the page was read); the statements after it

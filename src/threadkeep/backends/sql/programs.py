@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import base64
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Final, Protocol
 
 import orjson
@@ -32,7 +32,7 @@ from threadkeep.core.records import (
     matches_filter,
 )
 from threadkeep.core.retention import ExpiredThread, Park, SweepPage, ThreadRetention
-from threadkeep.core.rules import check_head, check_owner, required_owner
+from threadkeep.core.rules import check_head, check_owner, required_head, required_owner
 from threadkeep.errors import CheckpointSerializationError, CheckpointStoreFormatError
 
 __all__ = [
@@ -81,6 +81,11 @@ _FORMAT_KEY = "format_generation"
 # copying it, and a read takes it with the checkpoint. Larger values are stored once.
 INLINE_VALUE_BYTES: Final = 512
 _TEXT_ENTRY: Final = re.compile(r"([^:=]*)=(.*)", re.DOTALL)
+
+
+# A dialect's put as one statement (see _claimed): the parameters, the rows by kind, the
+# history limit; the statements to run.
+ClaimedPut = Callable[[dict[str, object], dict[str, list[dict[str, object]]], int | None], tuple[Sql, ...]]
 
 
 class SqlDialect(Protocol):
@@ -142,6 +147,16 @@ class SqlDialect(Protocol):
     LIVE_PARKS: str
     INTERRUPTED: str
 
+    # What only some dialects have (read-only, so a dialect may set them to None).
+    @property
+    def SET_HEAD(self) -> str | None: ...
+
+    @property
+    def CLEAR_HEADS(self) -> str | None: ...
+
+    @property
+    def claimed_put(self) -> ClaimedPut | None: ...
+
     def text_list(self, items: list[str]) -> object: ...
 
     def many(self, kind: str, common: dict[str, object], rows: list[dict[str, object]]) -> Sql | SqlMany:
@@ -160,12 +175,20 @@ class SqlDialect(Protocol):
 def put(q: SqlDialect, step: PutStep) -> Program[RunnableConfig]:
     """Store one checkpoint, its changed channels and its new messages (SPEC W1, W2, S1-S3).
 
-    Two batches: the thread (locked), its owner and head, and a probe of each message list;
-    then every row of the step. Nothing is written before both rules (W2, W3) have passed.
-    A thread's first put creates it first.
+    Where the dialect can (Postgres), a put that continues its thread's head is first tried
+    as one statement that writes only if the head is still its parent and every rule holds
+    (:func:`_claimed`). Otherwise, or if that statement wrote nothing, two batches: the
+    thread (locked), its owner and head, and a probe of each message list; then every row of
+    the step. Nothing is written before both rules (W2, W3) have passed. A thread's first
+    put creates it first.
     """
     target = step.target
     ns = target.checkpoint_ns
+    claimed = _claimed(q, step)
+    if claimed:
+        written = (yield Batch(claimed, ends=True))[0]
+        if written:  # the thread's tid: the put is stored
+            return step.result_config()
     # The head is read by a statement of its own after the lock: one that waited for the lock
     # must see what the writer before it committed.
     changed = step.changed
@@ -215,6 +238,8 @@ def put(q: SqlDialect, step: PutStep) -> Program[RunnableConfig]:
     vals, blobs, carried = _layout(step, unchanged, results[2])
     for chain in carried:  # a list no stored checkpoint held: its rows, whatever is stored
         rows.extend(_chain_rows(q, int(tid), chain, 0))
+    if q.SET_HEAD is not None and ns == "":
+        rows.append(Sql(q.SET_HEAD, {"tid": tid, "head_id": head_id, "checkpoint_id": step.checkpoint_id}))
     if blobs:
         rows.append(
             q.many(
@@ -261,8 +286,7 @@ def _layout(
     A channel emptied in this step gets nothing: a version with no value in a transactional
     store can only be an empty channel.
     """
-    vals: dict[str, str] = {}
-    blobs: list[BlobRow] = []
+    vals, blobs = _changed_values(step)
     chains: list[MessageChain] = []
 
     def place(blob: BlobRow) -> None:
@@ -272,9 +296,6 @@ def _layout(
         else:
             vals[blob.channel] = entry
 
-    for blob in step.blobs:
-        if blob.type != EMPTY_TYPE:
-            place(blob)
     held = {channel: (same, entry) for channel, same, entry in parent}
     for channel in unchanged:
         same, entry = held.get(channel, (False, None))
@@ -289,6 +310,76 @@ def _layout(
             if chain is not None:
                 chains.append(chain)
     return vals, blobs, chains
+
+
+def _changed_values(step: PutStep) -> tuple[dict[str, str], list[BlobRow]]:
+    """Where the values this step changed go: the small ones into its row's ``vals``, the
+    large ones into ``tk_blobs``; a channel emptied in this step gets nothing."""
+    vals: dict[str, str] = {}
+    blobs: list[BlobRow] = []
+    for blob in step.blobs:
+        if blob.type == EMPTY_TYPE:
+            continue
+        entry = inline_entry(blob)
+        if entry is None:
+            blobs.append(blob)
+        else:
+            vals[blob.channel] = entry
+    return vals, blobs
+
+
+def _claimed(q: SqlDialect, step: PutStep) -> tuple[Sql, ...]:
+    """The put as one statement (the dialect's ``claimed_put``, with the history limit's
+    deletes after it), or nothing where it cannot be one: the dialect has none, the put is
+    in a subgraph's namespace, it does not continue the head (a first put, a branch), or a
+    message list has more messages this process does not know to be stored than one probe's
+    width (the locked put probes for them instead).
+
+    The statement writes the messages after each list's known prefix (ON CONFLICT DO
+    NOTHING) and requires that prefix's last link to be stored; it takes the unchanged
+    channels' entries from the parent and requires the parent to hold each at its version.
+    """
+    target = step.target
+    if q.claimed_put is None or target.checkpoint_ns != "":
+        return ()
+    if required_head(parent_id=step.parent_id, source=step.source, branch_from=step.branch_from) is None:
+        return ()
+    if any(len(chain.nodes) - chain.reused > q.PROBE_WIDTH for chain in step.chains):
+        return ()
+    changed = step.changed
+    vals, blobs = _changed_values(step)
+    messages: list[dict[str, object]] = []
+    links: list[dict[str, object]] = []
+    for chain in step.chains:
+        for i in range(chain.reused, len(chain.nodes)):
+            kind, payload = chain.payload(i)
+            messages.append({"digest": chain.digests[i], "type": kind, "value": payload})
+            links.append({"node": chain.nodes[i], "prev": chain.prev(i), "digest": chain.digests[i]})
+    common: dict[str, object] = {
+        "thread_id": target.thread_id,
+        "checkpoint_ns": "",
+        "required_owner": required_owner(target.actor),
+        "parent_id": step.parent_id,
+        "checkpoint_id": step.checkpoint_id,
+        "run_id": step.run_id,
+        "now": step.now,
+        "checkpoint": step.checkpoint.decode(),
+        "metadata": step.metadata.decode(),
+        "vals": json_text(vals) if vals else None,
+        "unchanged": json_text(
+            {channel: version for channel, version in step.versions if channel not in changed}
+        ),
+        "known": [chain.nodes[chain.reused - 1] for chain in step.chains if chain.reused],
+    }
+    rows: dict[str, list[dict[str, object]]] = {
+        "message": messages,
+        "link": links,
+        "blob": [
+            {"channel": blob.channel, "version": blob.version, "type": blob.type, "value": blob.value}
+            for blob in blobs
+        ],
+    }
+    return q.claimed_put(common, rows, step.history_limit)
 
 
 def inline_entry(blob: BlobRow) -> str | None:
@@ -713,6 +804,8 @@ def delete_for_runs(q: SqlDialect, run_ids: Sequence[str], owner: str | None) ->
         statements += [Sql(q.DELETE_CHECKPOINT, params), Sql(q.DELETE_CHECKPOINT_WRITES, params)]
         touched.add((int(tid), ns))
     statements += [Sql(q.COLLECT_BLOBS, {"tid": tid, "checkpoint_ns": ns}) for tid, ns in sorted(touched)]
+    if q.CLEAR_HEADS is not None and rows:
+        statements.append(Sql(q.CLEAR_HEADS, {"tids": q.text_list([str(tid) for tid, _ in sorted(touched)])}))
     if statements:
         yield Batch(tuple(statements))
     return len(rows)
@@ -757,7 +850,10 @@ def copy_thread(q: SqlDialect, source: str, target: str, actor: Actor, now: floa
     check_owner(thread_id=target, owner=owner, user_id=actor.user_id, enforce=actor.checks_owner)
     params = {"source": source_tid, "target": target_tid}
     lock = _lock_threads(q, {source_tid, int(target_tid)})
-    yield Batch((lock, *(Sql(statement, params) for statement in q.COPY_THREAD)))
+    copies = [Sql(statement, params) for statement in q.COPY_THREAD]
+    if q.CLEAR_HEADS is not None:
+        copies.append(Sql(q.CLEAR_HEADS, {"tids": q.text_list([str(target_tid)])}))
+    yield Batch((lock, *copies))
     return True
 
 

@@ -122,6 +122,12 @@ WHERE tid = :tid AND checkpoint_ns = :checkpoint_ns
 # then the channel values no kept checkpoint refers to.
 KEEP_NEWEST: tuple[str, ...] = (_DELETE_WRITES_BEYOND, _DELETE_CHECKPOINTS_BEYOND, COLLECT_BLOBS)
 
+# One process writes a SQLite file at a time, and a put costs no round trips: SQLite keeps no
+# head in the thread's row and has no one-statement put (see the Postgres dialect).
+SET_HEAD = None
+CLEAR_HEADS = None
+claimed_put = None
+
 # --- put_writes --------------------------------------------------------------------------
 
 THREAD_OWNER = "SELECT owner FROM tk_threads WHERE thread_id = :thread_id"
