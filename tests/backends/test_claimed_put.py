@@ -12,8 +12,9 @@ from langgraph.checkpoint.base import empty_checkpoint
 
 from tests.backends.test_checkpoint_values import run_sql
 from tests.providers import Opener
-from threadkeep import StaleStateError
+from threadkeep import StaleStateError, StorageForbiddenError
 from threadkeep.backends.postgres import engine
+from threadkeep.core.program import Sql
 from threadkeep.workload import build_agent, run_turns
 
 pytestmark = pytest.mark.providers("postgres")
@@ -135,3 +136,33 @@ def test_two_puts_racing_from_one_parent_one_wins_every_time(open_saver: Opener)
         head = won[0]
         assert heads(savers[0]) == {"race": head["configurable"]["checkpoint_id"]}
         assert newest(savers[0], "race") == head["configurable"]["checkpoint_id"]
+
+
+def test_a_checkpoint_stored_without_moving_the_head_sends_the_put_to_the_lock(open_saver: Opener) -> None:
+    """A writer that does not keep the head (an older version, a tool) stored a child of it:
+    the claim sees the newer checkpoint and the locked put finds the parent stale."""
+    saver = open_saver()
+    parent = put(saver, cfg("t"), 1)
+    child = put(saver, parent, 2)
+    run_sql(
+        saver,
+        Sql("UPDATE tk_threads SET head = %(id)s", {"id": parent["configurable"]["checkpoint_id"]}),
+        write=True,
+    )
+    with pytest.raises(StaleStateError):
+        put(saver, parent, 3)
+    assert newest(saver, "t") == child["configurable"]["checkpoint_id"]
+
+
+def test_another_users_put_under_a_history_limit_deletes_nothing(open_saver: Opener) -> None:
+    owner, limited = open_saver(), open_saver(state_history_limit=1)
+    alice = {"configurable": {"thread_id": "t", "checkpoint_ns": "", "user_id": "alice"}}
+    config = alice
+    for step in range(1, 4):
+        config = {"configurable": {**put(owner, config, step)["configurable"], "user_id": "alice"}}
+    before = dict(owner.stats())
+    mallory = {"configurable": {**config["configurable"], "user_id": "mallory"}}
+    with pytest.raises(StorageForbiddenError):
+        put(limited, mallory, 4)
+    assert dict(owner.stats()) == before
+    assert len(list(owner.list(alice))) == 3

@@ -119,11 +119,13 @@ WHERE tid = %(tid)s AND checkpoint_ns = %(checkpoint_ns)s
 """,
 )
 
-# KEEP_NEWEST for a thread named by its id, for a put that does not know its thread's tid.
-_KEEP_NEWEST_OF_THREAD = tuple(
-    statement.replace("%(tid)s", "(SELECT tid FROM tk_threads WHERE thread_id = %(thread_id)s)")
-    for statement in KEEP_NEWEST
-)
+# KEEP_NEWEST after a put as one statement, in its transaction: the thread is the one whose
+# head that put set to its checkpoint (and whose owner it may write), so a put whose claim
+# failed deletes nothing (the locked put it falls back to keeps the limit itself).
+_CLAIMED_THREAD = """(SELECT tid FROM tk_threads
+     WHERE thread_id = %(thread_id)s AND head = %(checkpoint_id)s::text
+       AND (%(required_owner)s::text IS NULL OR owner = %(required_owner)s::text))"""
+_KEEP_NEWEST_OF_THREAD = tuple(statement.replace("%(tid)s", _CLAIMED_THREAD) for statement in KEEP_NEWEST)
 
 # Channel values no checkpoint of the namespace refers to any more.
 COLLECT_BLOBS = """
@@ -195,15 +197,20 @@ SET_HEAD = (
 # the head in the thread's row (tk_threads.head, migration 5) if it is still the parent, and
 # only then writes. An UPDATE that waited for a concurrent writer re-checks its row as that
 # writer left it, so two such puts, or one and a locked put (LOCK_THREAD), serialize as the
-# lock does (SPEC W2). Every other guard the put's first round trip would check is part of
-# the condition: the owner (W3), the parent holding each unchanged channel at its version
-# (%(unchanged)s, so its entries can be carried), and the links the writer takes for stored
-# (%(known)s, the last one of each list's known prefix). No row back: nothing was written,
-# and the put runs as usual (a first put, a branch, a conflict, an unknown list).
+# lock does (SPEC W2). The condition also looks for a checkpoint newer than the parent
+# that the head does not name (one a writer that does not keep the head committed). Every
+# other guard the put's first round trip would check is part of the condition: the owner
+# (W3), the parent holding each unchanged channel at its version (%(unchanged)s, so its
+# entries can be carried), and the links the writer takes for stored (%(known)s, the last
+# one of each list's known prefix). No row back: nothing was written, and the put runs as
+# usual (a first put, a branch, a conflict, an unknown list).
 CLAIM_HEAD = """
 UPDATE tk_threads AS t SET head = %(checkpoint_id)s::text
 WHERE t.thread_id = %(thread_id)s AND t.head = %(parent_id)s::text
   AND %(checkpoint_id)s::text > %(parent_id)s::text
+  AND NOT EXISTS (
+      SELECT 1 FROM tk_checkpoints AS c
+      WHERE c.tid = t.tid AND c.checkpoint_ns = '' AND c.checkpoint_id > %(parent_id)s::text)
   AND (%(required_owner)s::text IS NULL OR t.owner = %(required_owner)s::text)
   AND NOT EXISTS (
       SELECT 1 FROM jsonb_each_text(%(unchanged)s::jsonb) AS u
@@ -229,7 +236,9 @@ SELECT claim.tid, '', %(checkpoint_id)s, %(parent_id)s, %(run_id)s, %(now)s,
            WHERE p.tid = claim.tid AND p.checkpoint_ns = '' AND p.checkpoint_id = %(parent_id)s::text
              AND p.vals ? u.key), '{}'), '{}')
 FROM claim
-ON CONFLICT (tid, checkpoint_ns, checkpoint_id) DO NOTHING
+ON CONFLICT (tid, checkpoint_ns, checkpoint_id) DO UPDATE SET
+    parent_id = EXCLUDED.parent_id, run_id = EXCLUDED.run_id,
+    checkpoint = EXCLUDED.checkpoint, metadata = EXCLUDED.metadata, vals = EXCLUDED.vals
 """
 
 _PLACEHOLDER = re.compile(r"%\((\w+)\)s")
@@ -251,10 +260,10 @@ def claimed_put(
     common: dict[str, object], rows: dict[str, list[dict[str, object]]], keep: int | None
 ) -> tuple[Sql, ...]:
     """A put as one statement (see CLAIM_HEAD), and under a history limit (``keep``) the
-    statement that keeps the newest ``keep`` checkpoints (run either way: with no claimed
-    checkpoint it deletes nothing). ``common`` holds CLAIM_HEAD's and the checkpoint's
-    parameters, ``rows`` the rows of each kind (``message``, ``link``, ``blob``) to write,
-    as :func:`many` takes them."""
+    statement that keeps the newest ``keep`` checkpoints of the thread it claimed (none if
+    the claim failed). ``common`` holds CLAIM_HEAD's and the checkpoint's parameters,
+    ``rows`` the rows of each kind (``message``, ``link``, ``blob``) to write, as
+    :func:`many` takes them."""
     kinds = tuple(kind for kind in _ROWS if rows.get(kind))
     params = dict(common)
     for kind in kinds:
@@ -264,7 +273,8 @@ def claimed_put(
     claimed = Sql(_claimed_put_sql(kinds), params)
     if keep is None:
         return (claimed,)
-    limit = {"thread_id": common["thread_id"], "checkpoint_ns": "", "offset": keep - 1}
+    limit = {name: common[name] for name in ("thread_id", "checkpoint_id", "required_owner")}
+    limit.update(checkpoint_ns="", offset=keep - 1)
     return (claimed, *(Sql(statement, limit) for statement in _KEEP_NEWEST_OF_THREAD))
 
 

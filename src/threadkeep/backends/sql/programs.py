@@ -369,7 +369,7 @@ def _claimed(q: SqlDialect, step: PutStep) -> tuple[Sql, ...]:
         "unchanged": json_text(
             {channel: version for channel, version in step.versions if channel not in changed}
         ),
-        "known": [chain.nodes[chain.reused - 1] for chain in step.chains if chain.reused],
+        "known": list(dict.fromkeys(chain.nodes[chain.reused - 1] for chain in step.chains if chain.reused)),
     }
     rows: dict[str, list[dict[str, object]]] = {
         "message": messages,

@@ -4,5 +4,8 @@
 -- put that continues the head sets it with a compare-and-set of the row, one statement in
 -- all (CLAIM_HEAD in threadkeep.backends.postgres.queries); any other put locks the row,
 -- reads the head from tk_checkpoints and sets it. The column is in no index, so setting it
--- is a HOT update. A tool that deletes checkpoints by hand must set it to NULL.
+-- is a HOT update. (Version 1 said a step never rewrites its thread's row: a continuing
+-- step now sets this one column.) A tool that inserts or deletes checkpoints of a root
+-- namespace by hand must set it to NULL. Writers of an older threadkeep version do not keep
+-- it: stop them before the first saver of this version opens the store.
 ALTER TABLE tk_threads ADD COLUMN head TEXT;
