@@ -11,6 +11,15 @@ from tests.providers import Opener
 from threadkeep import StorageError
 from threadkeep.workload import MESSAGES_PER_TURN, build_agent, turn_input
 
+CONFIG = {"configurable": {"thread_id": "atomic"}}
+
+
+def _one_turn(saver: Any) -> tuple[Any, dict[str, Any], Any]:
+    """A graph on ``saver`` that ran one turn, what the store held then, and its head."""
+    graph = build_agent(saver)
+    graph.invoke(turn_input(0), CONFIG)
+    return graph, dict(saver.stats()), saver.get_tuple(CONFIG)
+
 
 @pytest.mark.providers("memory", "sqlite", "postgres")
 def test_w1_sql_step_failing_before_commit_rolls_back(
@@ -19,11 +28,7 @@ def test_w1_sql_step_failing_before_commit_rolls_back(
     saver = open_saver()
     # The locked put (a put as one statement commits with its only statement: see below)
     monkeypatch.setattr(saver.backend.dialect, "claimed_put", None)
-    config = {"configurable": {"thread_id": "atomic"}}
-    graph = build_agent(saver)
-    graph.invoke(turn_input(0), config)
-    before = dict(saver.stats())
-    head = saver.get_tuple(config)
+    graph, before, head = _one_turn(saver)
     original = saver.backend.put
 
     def put_then_fail(step: Any) -> Iterator[Any]:
@@ -32,7 +37,7 @@ def test_w1_sql_step_failing_before_commit_rolls_back(
 
     monkeypatch.setattr(saver.backend, "put", put_then_fail)
     with pytest.raises((RuntimeError, StorageError), match="before COMMIT"):
-        graph.invoke(turn_input(1), config)
+        graph.invoke(turn_input(1), CONFIG)
     monkeypatch.undo()
 
     after = saver.stats()
@@ -41,7 +46,7 @@ def test_w1_sql_step_failing_before_commit_rolls_back(
     # the turn's tasks go on while the put fails ("async" durability): their pending writes
     # store the message each wrote (by reference), and nothing of the failed put is left
     assert after["messages"] - before["messages"] <= after["writes"] - before["writes"]
-    assert saver.get_tuple(config).checkpoint["id"] == head.checkpoint["id"]
+    assert saver.get_tuple(CONFIG).checkpoint["id"] == head.checkpoint["id"]
 
 
 @pytest.mark.providers("postgres")
@@ -51,11 +56,7 @@ def test_w1_a_put_as_one_statement_that_fails_midway_stores_nothing(
     """The one-statement put sets the head, then writes messages, links and the checkpoint:
     a row that fails after the head is set takes the whole statement back with it."""
     saver = open_saver()
-    config = {"configurable": {"thread_id": "atomic"}}
-    graph = build_agent(saver)
-    graph.invoke(turn_input(0), config)
-    before = dict(saver.stats())
-    head = saver.get_tuple(config)
+    graph, before, head = _one_turn(saver)
     dialect = saver.backend.dialect
     claimed_put = dialect.claimed_put
     claims: list[bool] = []
@@ -67,13 +68,13 @@ def test_w1_a_put_as_one_statement_that_fails_midway_stores_nothing(
 
     monkeypatch.setattr(dialect, "claimed_put", failing_row)
     with pytest.raises(StorageError):
-        graph.invoke(turn_input(1), config)
+        graph.invoke(turn_input(1), CONFIG)
     monkeypatch.undo()
 
     assert claims  # the put went as one statement
     after = saver.stats()
     for key in ("threads", "checkpoints", "channel_values"):
         assert after[key] == before[key], key
-    assert saver.get_tuple(config).checkpoint["id"] == head.checkpoint["id"]
-    graph.invoke(turn_input(1), config)  # the head was not moved: the thread goes on
-    assert len(saver.get_tuple(config).checkpoint["channel_values"]["messages"]) == 2 * MESSAGES_PER_TURN
+    assert saver.get_tuple(CONFIG).checkpoint["id"] == head.checkpoint["id"]
+    graph.invoke(turn_input(1), CONFIG)  # the head was not moved: the thread goes on
+    assert len(saver.get_tuple(CONFIG).checkpoint["channel_values"]["messages"]) == 2 * MESSAGES_PER_TURN
