@@ -8,7 +8,6 @@ constants only repeat placeholders or join other constants.
 from __future__ import annotations
 
 import functools
-import re
 
 import orjson
 
@@ -150,35 +149,37 @@ WHERE c.run_id IN (SELECT jsonb_array_elements_text(%(run_ids)s::jsonb))
 """
 
 # Rows go in as arrays: one statement however many rows a step has. Each kind: the table and
-# its columns, the values every row shares, its array columns, what a conflict does.
+# its columns, the values every row shares, its array columns (their parameters named
+# "{p}<column>", see _insert_rows), what a conflict does.
 _ROWS = {
     "message": (
         "tk_messages (tid, digest, type, value)",
         "",
-        "%(digest)s::bytea[], %(type)s::text[], %(value)s::bytea[]",
+        "%({p}digest)s::bytea[], %({p}type)s::text[], %({p}value)s::bytea[]",
         "DO NOTHING",
     ),
     "link": (
         "tk_message_links (tid, node, prev, digest)",
         "",
-        "%(node)s::bytea[], %(prev)s::bytea[], %(digest)s::bytea[]",
+        "%({p}node)s::bytea[], %({p}prev)s::bytea[], %({p}digest)s::bytea[]",
         "DO NOTHING",
     ),
     "blob": (
         "tk_blobs (tid, checkpoint_ns, channel, version, type, value)",
         "%(checkpoint_ns)s, ",
-        "%(channel)s::text[], %(version)s::text[], %(type)s::text[], %(value)s::bytea[]",
+        "%({p}channel)s::text[], %({p}version)s::text[], %({p}type)s::text[], %({p}value)s::bytea[]",
         "(tid, checkpoint_ns, channel, version) DO UPDATE SET type = EXCLUDED.type, value = EXCLUDED.value",
     ),
 }
 
 
-def _insert_rows(kind: str, tid: str = "%(tid)s", source: str = "") -> str:
-    """The INSERT of rows of ``kind`` for thread ``tid``, reading ``source`` first if any."""
+def _insert_rows(kind: str, tid: str = "%(tid)s", source: str = "", prefix: str = "") -> str:
+    """The INSERT of rows of ``kind`` for thread ``tid``, reading ``source`` first if any;
+    its array parameters are named ``prefix`` + column."""
     table, shared, arrays, conflict = _ROWS[kind]
     return f"""
 INSERT INTO {table}
-SELECT {tid}, {shared}r.* FROM {source}unnest({arrays}) AS r
+SELECT {tid}, {shared}r.* FROM {source}unnest({arrays.format(p=prefix)}) AS r
 ON CONFLICT {conflict}
 """
 
@@ -241,17 +242,12 @@ ON CONFLICT (tid, checkpoint_ns, checkpoint_id) DO UPDATE SET
     checkpoint = EXCLUDED.checkpoint, metadata = EXCLUDED.metadata, vals = EXCLUDED.vals
 """
 
-_PLACEHOLDER = re.compile(r"%\((\w+)\)s")
-
 
 @functools.lru_cache(maxsize=16)
 def _claimed_put_sql(kinds: tuple[str, ...]) -> str:
-    """CLAIM_HEAD, then the rows of ``kinds`` (their parameters prefixed ``<kind>_``) and the
-    checkpoint, each written only for the thread the claim returns."""
-    rows = []
-    for kind in kinds:
-        insert = _PLACEHOLDER.sub(rf"%({kind}_\1)s", _insert_rows(kind, "claim.tid", "claim, "))
-        rows.append(f"{kind}s AS ({insert})")
+    """CLAIM_HEAD, then the rows of ``kinds`` (their array parameters prefixed ``<kind>_``)
+    and the checkpoint, each written only for the thread the claim returns."""
+    rows = [f"{kind}s AS ({_insert_rows(kind, 'claim.tid', 'claim, ', f'{kind}_')})" for kind in kinds]
     parts = [f"claim AS ({CLAIM_HEAD})", *rows, f"checkpoint AS ({_CLAIMED_CHECKPOINT})"]
     return "WITH " + ",\n".join(parts) + "\nSELECT tid FROM claim"
 
@@ -261,15 +257,14 @@ def claimed_put(
 ) -> tuple[Sql, ...]:
     """A put as one statement (see CLAIM_HEAD), and under a history limit (``keep``) the
     statement that keeps the newest ``keep`` checkpoints of the thread it claimed (none if
-    the claim failed). ``common`` holds CLAIM_HEAD's and the checkpoint's parameters,
-    ``rows`` the rows of each kind (``message``, ``link``, ``blob``) to write, as
-    :func:`many` takes them."""
+    the claim failed). ``common`` holds CLAIM_HEAD's and the checkpoint's parameters (with
+    ``checkpoint_ns``), ``rows`` the rows of each kind (``message``, ``link``, ``blob``) to
+    write, as :func:`many` takes them."""
     kinds = tuple(kind for kind in _ROWS if rows.get(kind))
     params = dict(common)
     for kind in kinds:
-        columns = rows[kind][0].keys()
-        for name in _PLACEHOLDER.findall(_ROWS[kind][1] + _ROWS[kind][2]):
-            params[f"{kind}_{name}"] = [row[name] for row in rows[kind]] if name in columns else common[name]
+        for column in rows[kind][0]:
+            params[f"{kind}_{column}"] = [row[column] for row in rows[kind]]
     claimed = Sql(_claimed_put_sql(kinds), params)
     if keep is None:
         return (claimed,)

@@ -184,15 +184,15 @@ def put(q: SqlDialect, step: PutStep) -> Program[RunnableConfig]:
     """
     target = step.target
     ns = target.checkpoint_ns
-    claimed = _claimed(q, step)
+    changed = step.changed
+    unchanged = {channel: version for channel, version in step.versions if channel not in changed}
+    claimed = _claimed(q, step, unchanged)
     if claimed:
         written = (yield Batch(claimed, ends=True))[0]
         if written:  # the thread's tid: the put is stored
             return step.result_config()
     # The head is read by a statement of its own after the lock: one that waited for the lock
     # must see what the writer before it committed.
-    changed = step.changed
-    unchanged = {channel: version for channel, version in step.versions if channel not in changed}
     lookup = (
         Sql(q.LOCK_THREAD, {"thread_id": target.thread_id}),
         Sql(
@@ -241,16 +241,7 @@ def put(q: SqlDialect, step: PutStep) -> Program[RunnableConfig]:
     if q.SET_HEAD is not None and ns == "":
         rows.append(Sql(q.SET_HEAD, {"tid": tid, "head_id": head_id, "checkpoint_id": step.checkpoint_id}))
     if blobs:
-        rows.append(
-            q.many(
-                "blob",
-                {"tid": tid, "checkpoint_ns": ns},
-                [
-                    {"channel": blob.channel, "version": blob.version, "type": blob.type, "value": blob.value}
-                    for blob in blobs
-                ],
-            )
-        )
+        rows.append(q.many("blob", {"tid": tid, "checkpoint_ns": ns}, _blob_rows(blobs)))
     rows.append(
         Sql(
             q.UPSERT_CHECKPOINT,
@@ -328,7 +319,7 @@ def _changed_values(step: PutStep) -> tuple[dict[str, str], list[BlobRow]]:
     return vals, blobs
 
 
-def _claimed(q: SqlDialect, step: PutStep) -> tuple[Sql, ...]:
+def _claimed(q: SqlDialect, step: PutStep, unchanged: Mapping[str, str]) -> tuple[Sql, ...]:
     """The put as one statement (the dialect's ``claimed_put``, with the history limit's
     deletes after it), or nothing where it cannot be one: the dialect has none, the put is
     in a subgraph's namespace, it does not continue the head (a first put, a branch), or a
@@ -346,15 +337,12 @@ def _claimed(q: SqlDialect, step: PutStep) -> tuple[Sql, ...]:
         return ()
     if any(len(chain.nodes) - chain.reused > q.PROBE_WIDTH for chain in step.chains):
         return ()
-    changed = step.changed
     vals, blobs = _changed_values(step)
-    messages: list[dict[str, object]] = []
-    links: list[dict[str, object]] = []
+    rows: dict[str, list[dict[str, object]]] = {"message": [], "link": [], "blob": _blob_rows(blobs)}
     for chain in step.chains:
-        for i in range(chain.reused, len(chain.nodes)):
-            kind, payload = chain.payload(i)
-            messages.append({"digest": chain.digests[i], "type": kind, "value": payload})
-            links.append({"node": chain.nodes[i], "prev": chain.prev(i), "digest": chain.digests[i]})
+        messages, links = _message_rows(chain, chain.reused)
+        rows["message"] += messages
+        rows["link"] += links
     common: dict[str, object] = {
         "thread_id": target.thread_id,
         "checkpoint_ns": "",
@@ -366,18 +354,8 @@ def _claimed(q: SqlDialect, step: PutStep) -> tuple[Sql, ...]:
         "checkpoint": step.checkpoint.decode(),
         "metadata": step.metadata.decode(),
         "vals": json_text(vals) if vals else None,
-        "unchanged": json_text(
-            {channel: version for channel, version in step.versions if channel not in changed}
-        ),
+        "unchanged": json_text(unchanged),
         "known": list(dict.fromkeys(chain.nodes[chain.reused - 1] for chain in step.chains if chain.reused)),
-    }
-    rows: dict[str, list[dict[str, object]]] = {
-        "message": messages,
-        "link": links,
-        "blob": [
-            {"channel": blob.channel, "version": blob.version, "type": blob.type, "value": blob.value}
-            for blob in blobs
-        ],
     }
     return q.claimed_put(common, rows, step.history_limit)
 
@@ -453,24 +431,28 @@ def _stored_prefix(q: SqlDialect, thread_id: str, nodes: Sequence[bytes], probed
 
 
 def _chain_rows(q: SqlDialect, tid: int, chain: MessageChain, known: int) -> list[Sql | SqlMany]:
-    fresh = range(known, len(chain.nodes))
-    if not fresh:
+    messages, links = _message_rows(chain, known)
+    if not messages:
         return []
+    return [q.many("message", {"tid": tid}, messages), q.many("link", {"tid": tid}, links)]
+
+
+def _message_rows(chain: MessageChain, start: int) -> tuple[list[dict[str, object]], list[dict[str, object]]]:
+    """The ``tk_messages`` and ``tk_message_links`` rows of a chain from position ``start``."""
+    messages: list[dict[str, object]] = []
+    links: list[dict[str, object]] = []
+    for i in range(start, len(chain.nodes)):
+        kind, payload = chain.payload(i)
+        messages.append({"digest": chain.digests[i], "type": kind, "value": payload})
+        links.append({"node": chain.nodes[i], "prev": chain.prev(i), "digest": chain.digests[i]})
+    return messages, links
+
+
+def _blob_rows(blobs: Sequence[BlobRow]) -> list[dict[str, object]]:
+    """The ``tk_blobs`` rows of large values."""
     return [
-        q.many(
-            "message",
-            {"tid": tid},
-            [
-                {"digest": chain.digests[i], "type": kind, "value": payload}
-                for i in fresh
-                for kind, payload in (chain.payload(i),)
-            ],
-        ),
-        q.many(
-            "link",
-            {"tid": tid},
-            [{"node": chain.nodes[i], "prev": chain.prev(i), "digest": chain.digests[i]} for i in fresh],
-        ),
+        {"channel": blob.channel, "version": blob.version, "type": blob.type, "value": blob.value}
+        for blob in blobs
     ]
 
 
