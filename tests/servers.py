@@ -20,18 +20,24 @@ from pathlib import Path
 __all__ = ["RedisCluster", "RedisServer", "TcpProxy", "free_port", "redis_cluster"]
 
 
-def free_port(low: int = 20_000, high: int = 50_000) -> int:
-    """A free port between ``low`` and ``high`` (a cluster node's bus port is 10,000 higher,
-    and must stay below 65,536)."""
+def free_port(low: int = 20_000, high: int = 50_000, *, bus: bool = False) -> int:
+    """A free port between ``low`` and ``high``; with ``bus``, one whose cluster bus port
+    (10,000 higher, below 65,536) is free too: a cluster node that cannot listen on its bus
+    port exits at start."""
     for _ in range(100):
         port = random.randint(low, high)
-        with socket.socket() as sock:
-            try:
-                sock.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-        return port
+        if all(_bindable(p) for p in ((port, port + 10_000) if bus else (port,))):
+            return port
     raise RuntimeError("no free port")
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 def _wait(predicate: object, timeout: float, what: str) -> None:
@@ -63,7 +69,8 @@ class RedisServer:
     def __init__(self, *extra: str, port: int | None = None) -> None:
         if shutil.which("redis-server") is None:
             raise RuntimeError("redis-server is not installed")
-        self.port = port or free_port()
+        self.bus = "--cluster-enabled" in extra
+        self.port = port or free_port(bus=self.bus)
         self.extra = extra
         self.folder = Path(tempfile.mkdtemp(prefix="tk-redis-"))
         self.process: subprocess.Popen[bytes] | None = None
@@ -81,7 +88,7 @@ class RedisServer:
                 self.stop()
                 if attempt == 2:
                     raise
-                self.port = free_port()
+                self.port = free_port(bus=self.bus)
         return self
 
     def _start(self) -> RedisServer:

@@ -52,6 +52,36 @@ def test_p6_every_older_schema_version_upgrades_to_the_newest(provider: Any) -> 
         assert applied == list(range(1, newest + 1))
 
 
+def test_the_state_read_probes_indexes_on_an_empty_store_and_after_it_grew(provider: Any) -> None:
+    """tk_state keeps one plan per connection, made at its first call: a plan made on empty,
+    unanalyzed tables must still probe by key once they hold a history (no sequential scan),
+    and read the right state."""
+    dsn = postgres_schema(uuid.uuid4().hex)
+    with open_checkpointer("postgres", dsn, settings=Settings()) as saver:
+        assert saver.get_tuple({"configurable": {"thread_id": "first"}}) is None
+        run_turns(build_agent(saver), "first", 3)
+    with connect(dsn) as conn:
+        notices: list[str] = []
+        conn.add_notice_handler(lambda diagnostic: notices.append(diagnostic.message_primary or ""))
+        conn.execute("LOAD 'auto_explain'")
+        conn.execute("SET auto_explain.log_min_duration = 0")
+        conn.execute("SET auto_explain.log_nested_statements = on")
+        conn.execute("SET client_min_messages = log")
+        state = "SELECT kind FROM tk_state(%s, NULL, '', NULL, true)"
+        assert conn.execute(state, ("nobody",)).fetchall() == []  # plans made on no rows
+        conn.execute("SET client_min_messages = notice")
+        run_turns(build_agent(open_checkpointer("postgres", dsn, settings=Settings())), "second", 2)
+        conn.execute("SET client_min_messages = log")
+        notices.clear()
+        kinds = [row[0] for row in conn.execute(state, ("second",)).fetchall()]
+    assert kinds.count(0) == 1
+    assert kinds.count(3) == 2 * MESSAGES_PER_TURN
+    plans = "\n".join(notices)
+    assert "Index Scan using tk_message_links_pkey" in plans
+    assert "Index Scan using tk_messages_pkey" in plans
+    assert "Seq Scan" not in plans
+
+
 def test_p6_migrations_are_serialized_by_an_advisory_lock(provider: Any) -> None:
     dsn = postgres_schema(uuid.uuid4().hex)
     errors: list[BaseException] = []

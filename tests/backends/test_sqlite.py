@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from threadkeep import CheckpointStoreFormatError, Settings, StorageError, open_checkpointer
-from threadkeep.backends.sql.backend import load_migrations
+from threadkeep.backends.sql.backend import _statements, load_migrations
 from threadkeep.backends.sql.programs import FORMAT_GENERATION
 from threadkeep.workload import MESSAGES_PER_TURN, build_agent, run_turns
 
@@ -32,6 +32,25 @@ def run_python(code: str, *args: str, timeout: float = 60) -> subprocess.Complet
         timeout=timeout,
         check=False,
     )
+
+
+def test_a_migration_script_splits_on_line_ending_semicolons_outside_dollar_quotes() -> None:
+    script = textwrap.dedent(
+        """\
+        -- a comment; not a statement
+        CREATE TABLE a (x INTEGER);
+        CREATE FUNCTION f() RETURNS INTEGER LANGUAGE plpgsql AS $body$
+        BEGIN
+            RETURN 1;
+        END
+        $body$;
+        SELECT 'a;b' FROM a;
+        """
+    )
+    statements = _statements(script)
+    assert [statement.split()[0] for statement in statements] == ["--", "CREATE", "SELECT"]
+    assert statements[1].endswith("$body$")
+    assert "RETURN 1;" in statements[1]
 
 
 def test_p6_sqlite_store_is_one_file_in_wal_mode(tmp_path: Path) -> None:

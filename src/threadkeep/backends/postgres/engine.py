@@ -421,8 +421,10 @@ def _prepare(write: bool) -> bool | None:
     """Whether statements may become prepared (psycopg's threshold decides), by program kind.
 
     Reads never are: a prepared statement runs, after five executions, on a generic plan,
-    and the state read's best plan depends on its parameters (whether to walk a message
-    chain, whose thread): generic, a warm read took twice as long. Writes keep the saving.
+    which for a read whose best plan depends on its parameters (a list's filters, a sweep's
+    page) can scan where the custom plan probes an index. The state read, whose plans are
+    index probes whatever its parameters, keeps its plan inside the ``tk_state`` function
+    instead (migration 6). Writes keep the saving.
     """
     return None if write else False
 

@@ -325,106 +325,19 @@ _MANY["special_write"] = (
 
 # --- reads -------------------------------------------------------------------------------
 
-# A checkpoint, its channel values, its pending writes and (with %(walk)s) the messages of
-# its message lists, in one statement, if the caller may see the thread. Rows: kind 0 the
-# checkpoint, 1 a channel value, 2 a pending write, 3 a message of a list, 4 a message a
-# pending write refers to; columns: kind, tid, checkpoint_id, parent_id, checkpoint,
-# metadata, channel, type, value, task_id, task_path, idx, tail, digest (kind 3: idx is the
-# depth from the tail, tail the list's tail node).
-#
-# The shape keeps every plan an index probe per row, statistics or not: the thread's tid is
-# an InitPlan (so the newest checkpoint is a backward index scan), and each channel value,
-# chain link and message is a LATERAL lookup by primary key, LIMIT 1 so the planner cannot
-# flatten it into a join (which would hash every row of the thread: it grows with history).
-_THREAD_TID = """(SELECT t.tid FROM tk_threads AS t
-    WHERE t.thread_id = %(thread_id)s AND (%(owner)s::text IS NULL OR t.owner = %(owner)s::text))"""
-
-_STATE = """,
-vals AS (
-    SELECT b.channel, b.type, b.value
-    FROM cp CROSS JOIN json_each_text(cp.checkpoint -> 'channel_versions') AS version
-    CROSS JOIN LATERAL (
-        SELECT b.channel, b.type, b.value FROM tk_blobs AS b
-        WHERE b.tid = cp.tid AND b.checkpoint_ns = %(checkpoint_ns)s
-          AND b.channel = version.key AND b.version = version.value LIMIT 1
-    ) AS b
-    WHERE cp.vals IS NULL OR NOT cp.vals ? version.key
-),
-chains (ref) AS (
-    SELECT vals.value FROM vals WHERE vals.type = 'chain'
-    UNION ALL
-    SELECT decode(split_part(entry.value, ':', 2), 'base64')
-    FROM cp CROSS JOIN jsonb_each_text(cp.vals) AS entry WHERE entry.value LIKE 'chain:%%'
-),
-walk (tail, depth, prev, digest) AS (
-    SELECT link.node, 0, link.prev, link.digest
-    FROM cp CROSS JOIN chains CROSS JOIN LATERAL (
-        SELECT l.node, l.prev, l.digest FROM tk_message_links AS l
-        WHERE l.tid = cp.tid AND l.node = substring(chains.ref FROM 1 FOR 16) LIMIT 1
-    ) AS link
-    WHERE %(walk)s
-    UNION ALL
-    SELECT walk.tail, walk.depth + 1, link.prev, link.digest
-    FROM walk CROSS JOIN cp CROSS JOIN LATERAL (
-        SELECT l.prev, l.digest FROM tk_message_links AS l
-        WHERE l.tid = cp.tid AND l.node = walk.prev LIMIT 1
-    ) AS link
-)
-SELECT 0, cp.tid, cp.checkpoint_id, cp.parent_id, cp.checkpoint::text, cp.metadata::text,
-       NULL, NULL, convert_to(cp.vals::text, 'UTF8'), NULL, NULL, NULL::integer, NULL::bytea,
-       NULL::bytea
-FROM cp
-UNION ALL
-SELECT 1, NULL, NULL, NULL, NULL, NULL, vals.channel, vals.type, vals.value,
-       NULL, NULL, NULL, NULL, NULL
-FROM vals
-UNION ALL
-SELECT 2, NULL, NULL, NULL, NULL, NULL, w.channel, w.type, w.value, w.task_id, w.task_path, w.idx,
-       NULL, NULL
-FROM cp JOIN tk_writes AS w ON w.tid = cp.tid AND w.checkpoint_ns = %(checkpoint_ns)s
-    AND w.checkpoint_id = cp.checkpoint_id
-UNION ALL
-SELECT 3, NULL, NULL, NULL, NULL, NULL, NULL, message.type, message.value,
-       NULL, NULL, walk.depth, walk.tail, walk.digest
-FROM walk CROSS JOIN cp CROSS JOIN LATERAL (
-    SELECT m.type, m.value FROM tk_messages AS m
-    WHERE m.tid = cp.tid AND m.digest = walk.digest LIMIT 1
-) AS message
-UNION ALL
-SELECT 4, NULL, NULL, NULL, NULL, NULL, NULL, message.type, message.value,
-       NULL, NULL, NULL, NULL, ref.digest
-FROM cp JOIN tk_writes AS w ON w.tid = cp.tid AND w.checkpoint_ns = %(checkpoint_ns)s
-    AND w.checkpoint_id = cp.checkpoint_id AND w.type IN ('ref', 'refs')
-CROSS JOIN LATERAL (
-    SELECT substring(w.value FROM i * 16 + 1 FOR 16) AS digest
-    FROM generate_series(0, octet_length(w.value) / 16 - 1) AS i
-) AS ref
-CROSS JOIN LATERAL (
-    SELECT m.type, m.value FROM tk_messages AS m
-    WHERE m.tid = cp.tid AND m.digest = ref.digest LIMIT 1
-) AS message
+# A checkpoint (the newest of its namespace when %(checkpoint_id)s is NULL), its channel
+# values, its pending writes and (with %(walk)s) the messages of its message lists, in one
+# statement, if the caller may see the thread: the function tk_state (migration 6), whose
+# plan each connection makes once. Rows: kind 0 the checkpoint, 1 a channel value, 2 a
+# pending write, 3 a message of a list, 4 a message a pending write refers to; columns:
+# kind, tid, checkpoint_id, parent_id, checkpoint, metadata, channel, type, value, task_id,
+# task_path, idx, tail, digest (kind 3: idx is the depth from the tail, tail the list's
+# tail node).
+SELECT_STATE = """
+SELECT * FROM tk_state(%(thread_id)s, %(owner)s, %(checkpoint_ns)s, %(checkpoint_id)s, %(walk)s)
 """
-
-SELECT_STATE_LATEST = (
-    """WITH RECURSIVE cp AS (
-    SELECT c.tid, c.checkpoint_id, c.parent_id, c.checkpoint, c.metadata, c.vals
-    FROM tk_checkpoints AS c
-    WHERE c.tid = """
-    + _THREAD_TID
-    + """ AND c.checkpoint_ns = %(checkpoint_ns)s
-    ORDER BY c.checkpoint_id DESC LIMIT 1)"""
-    + _STATE
-)
-
-SELECT_STATE_AT = (
-    """WITH RECURSIVE cp AS (
-    SELECT c.tid, c.checkpoint_id, c.parent_id, c.checkpoint, c.metadata, c.vals
-    FROM tk_checkpoints AS c
-    WHERE c.tid = """
-    + _THREAD_TID
-    + """ AND c.checkpoint_ns = %(checkpoint_ns)s AND c.checkpoint_id = %(checkpoint_id)s)"""
-    + _STATE
-)
+SELECT_STATE_LATEST = SELECT_STATE
+SELECT_STATE_AT = SELECT_STATE
 
 # Walks a message chain from its tail; depth 0 is the last message. %(count)s bounds the walk.
 # Rows come back in any order; the program orders them by depth. The step is a LATERAL
@@ -551,6 +464,7 @@ SELECT_MIGRATIONS = "SELECT version FROM tk_migrations ORDER BY version"
 RECORD_MIGRATION = "INSERT INTO tk_migrations (version, applied_at) VALUES (%(version)s, %(now)s)"
 
 RESET: tuple[str, ...] = (
+    "DROP FUNCTION IF EXISTS tk_state",
     "DROP TABLE IF EXISTS tk_parks",
     "DROP TABLE IF EXISTS tk_message_links",
     "DROP TABLE IF EXISTS tk_messages",

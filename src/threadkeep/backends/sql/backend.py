@@ -54,9 +54,23 @@ def load_migrations(package: str) -> list[Migration]:
     return [Migration(version, name, _statements(text)) for version, name, text in found]
 
 
+# A dollar-quote tag (``$body$``), or a semicolon that ends a line.
+_SCRIPT_TOKEN = re.compile(r"\$[A-Za-z_]*\$|;[ \t]*$", re.MULTILINE)
+
+
 def _statements(script: str) -> tuple[str, ...]:
-    """Split a migration script on the semicolons that end its lines."""
-    parts = re.split(r";\s*$", script, flags=re.MULTILINE)
+    """Split a migration script on the semicolons that end its lines, outside dollar-quoted
+    bodies (a function's own statements end lines too)."""
+    parts: list[str] = []
+    start, quote = 0, None
+    for token in _SCRIPT_TOKEN.finditer(script):
+        text = token.group()
+        if text.startswith("$"):
+            quote = None if quote == text else quote or text
+        elif quote is None:
+            parts.append(script[start : token.start()])
+            start = token.end()
+    parts.append(script[start:])
     return tuple(part.strip() for part in parts if _has_code(part))
 
 
