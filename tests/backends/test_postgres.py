@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from langchain_core.messages import HumanMessage
 
 from tests.providers import POSTGRES_URL, Opener, postgres_schema
 from threadkeep import CheckpointStoreFormatError, Settings, open_checkpointer
@@ -80,6 +81,51 @@ def test_the_state_read_probes_indexes_on_an_empty_store_and_after_it_grew(provi
     assert "Index Scan using tk_message_links_pkey" in plans
     assert "Index Scan using tk_messages_pkey" in plans
     assert "Seq Scan" not in plans
+
+
+def test_s1_long_lists_are_walked_by_pages_and_read_the_same_without_them(provider: Any) -> None:
+    """Every 32nd link holds its page; a new process reads every list (the newest state, a
+    fork made mid-page, each older checkpoint of a list) as it was written, and the same once
+    the pages are gone (links written before migration 6 have none)."""
+    dsn = postgres_schema(uuid.uuid4().hex)
+    config: Any = {"configurable": {"thread_id": "long"}}
+    with open_checkpointer("postgres", dsn, settings=Settings()) as writer:
+        graph = build_agent(writer)
+        run_turns(graph, "long", 9)  # 72 messages: pages close at positions 31 and 63
+        history = list(graph.get_state_history(config))
+        fork_from = next(state for state in history if len(state.values["messages"]) == 37)
+        forked = graph.update_state(
+            fork_from.config, {"messages": [HumanMessage("a fork, mid-page", id="f")]}
+        )
+        graph.invoke(None, forked)
+        run_turns(graph, "long", 3, first=9)  # on the fork, past its own page at 63
+        written = {
+            state.config["configurable"]["checkpoint_id"]: state.values["messages"]
+            for state in graph.get_state_history(config)
+        }
+    assert max(map(len, written.values())) == 9 * MESSAGES_PER_TURN
+
+    with connect(dsn) as conn:
+        pages = conn.execute(
+            "SELECT octet_length(page), page_prev IS NULL FROM tk_message_links WHERE page IS NOT NULL"
+        ).fetchall()
+    assert sorted(pages) == [(512, False), (512, False), (512, True)]  # 31, then 63 on each branch
+
+    def read_back() -> dict[str, Any]:
+        with open_checkpointer("postgres", dsn, settings=Settings()) as reader:
+            graph = build_agent(reader)
+            newest = graph.get_state(config)  # walks in the state read
+            states = {
+                s.config["configurable"]["checkpoint_id"]: s.values["messages"]
+                for s in graph.get_state_history(config)
+            }
+            assert states[newest.config["configurable"]["checkpoint_id"]] == newest.values["messages"]
+            return states
+
+    assert read_back() == written
+    with connect(dsn) as conn:
+        conn.execute("UPDATE tk_message_links SET page = NULL, page_prev = NULL")
+    assert read_back() == written
 
 
 def test_p6_migrations_are_serialized_by_an_advisory_lock(provider: Any) -> None:

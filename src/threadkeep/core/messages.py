@@ -30,6 +30,7 @@ from threadkeep.errors import CheckpointSerializationError
 
 __all__ = [
     "CHAIN_TYPE",
+    "LINK_PAGE",
     "ContentCache",
     "EncodingMemo",
     "MessageChain",
@@ -41,6 +42,11 @@ __all__ = [
 
 CHAIN_TYPE: Final = "chain"
 _HASH_BYTES: Final = 16
+# A SQL store may give every LINK_PAGE-th link of a list its page: the digests of the
+# LINK_PAGE messages it closes, oldest first, and the node before the first of them; a
+# reader then walks the list a page at a time (Postgres: migration 6, whose readers unpack
+# pages of up to 32 digests).
+LINK_PAGE: Final = 32
 
 
 def is_message_list(value: object) -> bool:
@@ -109,17 +115,17 @@ def _summary(mutable: Any, message: Any) -> int:
     return hash(rendered) ^ hash(frozenset(message.__pydantic_fields_set__))
 
 
-def _unchanged(seen: _Seen, message: Any) -> bool:
+def _unchanged(seen: _Seen, message: Any, is_: Callable[[Any, Any], bool] = operator.is_) -> bool:
     """Whether a message is as a previous put saw it: the same class, every field the very
     same object, and its containers holding the same values."""
     cls, values, mutable, summary = seen
     try:
-        now = tuple(message.__dict__.values())
+        fields = message.__dict__
         return (
             type(message) is cls
-            and len(values) == len(now)
-            and all(map(operator.is_, values, now))
-            and _summary(mutable(now), message) == summary
+            and len(fields) == len(values)
+            and all(map(is_, values, fields.values()))
+            and _summary(mutable(values), message) == summary
         )
     except (ValueError, AttributeError):
         return False
@@ -313,22 +319,26 @@ class MessageChain:
         prev: bytes | None = None
         # While the list starts as the previous put's did, its link nodes are that put's.
         shared = min(len(previous.list_digests), len(self._messages))
+        # The loop runs for every message of the list at every put: names are bound once.
+        remembered, objects = current.digests, current.objects
+        previous_digests, previous_nodes = previous.list_digests, previous.nodes
+        lookup, unchanged = seen_before.get, _unchanged
         for position, message in enumerate(self._messages):
-            entry = seen_before.get(id(message))
-            if entry is not None and _unchanged(entry[0], message):
+            entry = lookup(id(message))
+            if entry is not None and unchanged(entry[0], message):
                 digest = entry[1]
-                current.digests[id(message)] = entry
-                current.objects.append(message)
+                remembered[id(message)] = entry
+                objects.append(message)
             else:
                 seen = _see(message)
                 kind, payload = self._encode(position)
                 digest = digest_of(kind, payload)
                 self._payloads[position] = (kind, payload)
                 if seen is not None:
-                    current.digests[id(message)] = (seen, digest)
-                    current.objects.append(message)
-            if position < shared and previous.list_digests[position] == digest:
-                prev = previous.nodes[position]
+                    remembered[id(message)] = (seen, digest)
+                    objects.append(message)
+            if position < shared and previous_digests[position] == digest:
+                prev = previous_nodes[position]
             else:
                 shared = 0
                 prev = _link(prev, digest)

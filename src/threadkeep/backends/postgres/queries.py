@@ -11,6 +11,7 @@ import functools
 
 import orjson
 
+from threadkeep.core.messages import LINK_PAGE
 from threadkeep.core.program import Sql
 from threadkeep.core.records import STRUCTURE
 
@@ -159,9 +160,10 @@ _ROWS = {
         "DO NOTHING",
     ),
     "link": (
-        "tk_message_links (tid, node, prev, digest)",
+        "tk_message_links (tid, node, prev, digest, page, page_prev)",
         "",
-        "%({p}node)s::bytea[], %({p}prev)s::bytea[], %({p}digest)s::bytea[]",
+        "%({p}node)s::bytea[], %({p}prev)s::bytea[], %({p}digest)s::bytea[], %({p}page)s::bytea[],"
+        " %({p}page_prev)s::bytea[]",
         "DO NOTHING",
     ),
     "blob": (
@@ -339,23 +341,31 @@ SELECT * FROM tk_state(%(thread_id)s, %(owner)s, %(checkpoint_ns)s, %(checkpoint
 SELECT_STATE_LATEST = SELECT_STATE
 SELECT_STATE_AT = SELECT_STATE
 
-# Walks a message chain from its tail; depth 0 is the last message. %(count)s bounds the walk.
-# Rows come back in any order; the program orders them by depth. The step is a LATERAL
-# lookup so that each link costs one index probe: as a plain join, the planner scans every
-# link of the thread at each step on a small or unanalyzed table, which is quadratic.
-SELECT_CHAIN = """
-WITH RECURSIVE walk (depth, prev, digest) AS (
-    SELECT 0, prev, digest FROM tk_message_links WHERE tid = %(tid)s AND node = %(tail)s
+# Walks a message chain from its tail, a single link or a page (migration 6) at a time, as
+# tk_state does; depth 0 is the last message. %(count)s bounds the walk. Rows come back in
+# any order; the program orders them by depth. The step is a LATERAL lookup so that each
+# link costs one index probe: as a plain join, the planner scans every link of the thread at
+# each step on a small or unanalyzed table, which is quadratic.
+_STEP = """CASE WHEN l.page IS NULL THEN l.prev ELSE l.page_prev END, coalesce(l.page, l.digest)"""
+SELECT_CHAIN = f"""
+WITH RECURSIVE walk (depth, prev, digests) AS (
+    SELECT 0, {_STEP} FROM tk_message_links AS l WHERE l.tid = %(tid)s AND l.node = %(tail)s
     UNION ALL
-    SELECT walk.depth + 1, link.prev, link.digest
+    SELECT walk.depth + octet_length(walk.digests) / 16, link.prev, link.digests
     FROM walk CROSS JOIN LATERAL (
-        SELECT l.prev, l.digest FROM tk_message_links AS l
+        SELECT {_STEP} FROM tk_message_links AS l
         WHERE l.tid = %(tid)s AND l.node = walk.prev LIMIT 1
-    ) AS link
-    WHERE walk.depth + 1 < %(count)s
+    ) AS link (prev, digests)
+    WHERE walk.depth + octet_length(walk.digests) / 16 < %(count)s
+),
+walked (depth, digest) AS (
+    SELECT walk.depth + size.n - 1 - i, substring(walk.digests FROM i * 16 + 1 FOR 16)
+    FROM walk CROSS JOIN LATERAL (SELECT octet_length(walk.digests) / 16 AS n) AS size
+    CROSS JOIN generate_series(0, {LINK_PAGE - 1}) AS i
+    WHERE i < size.n
 )
-SELECT walk.depth, walk.digest, message.type, message.value
-FROM walk JOIN tk_messages AS message ON message.tid = %(tid)s AND message.digest = walk.digest
+SELECT walked.depth, walked.digest, message.type, message.value
+FROM walked JOIN tk_messages AS message ON message.tid = %(tid)s AND message.digest = walked.digest
 """
 
 # A page of checkpoints, newest first. The metadata filter narrows the page in SQL (jsonb
@@ -434,8 +444,8 @@ COPY_THREAD: tuple[str, ...] = (
     ON CONFLICT DO NOTHING
     """,
     """
-    INSERT INTO tk_message_links (tid, node, prev, digest)
-    SELECT %(target)s, node, prev, digest FROM tk_message_links WHERE tid = %(source)s
+    INSERT INTO tk_message_links (tid, node, prev, digest, page, page_prev)
+    SELECT %(target)s, node, prev, digest, page, page_prev FROM tk_message_links WHERE tid = %(source)s
     ON CONFLICT DO NOTHING
     """,
 )
@@ -478,7 +488,7 @@ RESET: tuple[str, ...] = (
 
 # What the store holds; %(tid)s restricts it to one thread (NULL: the whole store). Channel
 # values are the rows of tk_blobs and the entries of checkpoints' vals. A message link counts
-# 48 bytes: its node, previous node and digest.
+# 48 bytes (its node, previous node and digest) and its page, if any.
 STATS = """
 SELECT
     (SELECT count(*) FROM tk_threads WHERE %(tid)s::bigint IS NULL OR tid = %(tid)s::bigint),
@@ -497,7 +507,8 @@ SELECT
        WHERE %(tid)s::bigint IS NULL OR tid = %(tid)s::bigint)
     + (SELECT coalesce(sum(octet_length(value)), 0) FROM tk_messages
        WHERE %(tid)s::bigint IS NULL OR tid = %(tid)s::bigint)
-    + (SELECT count(*) * 48 FROM tk_message_links WHERE %(tid)s::bigint IS NULL OR tid = %(tid)s::bigint)
+    + (SELECT count(*) * 48 + coalesce(sum(octet_length(page) + coalesce(octet_length(page_prev), 0)), 0)
+       FROM tk_message_links WHERE %(tid)s::bigint IS NULL OR tid = %(tid)s::bigint)
 """
 
 
