@@ -226,3 +226,21 @@ def test_c7_with_allowlist_is_honoured_by_strict_msgpack(module_with_a_class: st
     assert isinstance(extended, CompressingSerializer)
     assert isinstance(extended.inner, JsonPlusSerializer)
     assert extended.loads_typed(stored) == {"thing": module.Thing(7)}
+
+
+@pytest.mark.parametrize(
+    "serde",
+    [build_serde(), build_serde(compress_threshold=1), build_serde("msgpack")],
+    ids=["json", "zstd", "msgpack"],
+)
+def test_a_stored_message_list_reads_back_in_order_and_a_bad_entry_is_named(serde: Any) -> None:
+    from threadkeep.core.records import decode_values
+
+    messages = [HumanMessage(f"m{i}" * 50, id=str(i)) for i in range(4)]
+    stored = [serde.dumps_typed(message) for message in messages]
+    assert decode_values(serde, stored, "channel_values.messages") == messages
+    kind, _ = stored[2]
+    stored[2] = (kind, b"\xc1")  # not JSON, msgpack (0xc1 is never used) or zstd
+    with pytest.raises(CheckpointSerializationError) as caught:
+        decode_values(serde, stored, "channel_values.messages")
+    assert caught.value.path == "channel_values.messages[2]"

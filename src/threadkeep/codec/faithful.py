@@ -111,17 +111,19 @@ class _Shape:
     """How to rebuild a model from kwargs naming one set of its fields, in one order: the
     instance's ``__dict__`` starts as ``template`` (every field in declaration order, the
     defaults filled in), takes the kwargs, then a fresh value from each missing field's
-    default factory."""
+    default factory. Kwargs that name every field in declaration order (``whole``: what a
+    message's encoding holds) are the ``__dict__`` as they are."""
 
-    __slots__ = ("factories", "given", "template")
+    __slots__ = ("factories", "given", "template", "whole")
 
     def __init__(
         self,
         template: dict[str, Any],
         factories: tuple[tuple[str, Callable[[], Any]], ...],
         given: frozenset[str],
+        whole: bool,
     ) -> None:
-        self.template, self.factories, self.given = template, factories, given
+        self.template, self.factories, self.given, self.whole = template, factories, given, whole
 
 
 class _Rebuild:
@@ -131,7 +133,9 @@ class _Rebuild:
 
     Stored messages name only the fields given when they were built (``lc_kwargs``), and a
     thread's messages name a handful of field sets: each set's :class:`_Shape` is worked
-    out once, so a rebuild is a dict copy and update, not a loop over the fields.
+    out once, so a rebuild is a dict copy and update, not a loop over the fields, or no copy
+    at all when the kwargs name every field. The kwargs passed in become the instance's:
+    the caller must not use them after.
     """
 
     _MAX_SHAPES: Final = 64
@@ -157,10 +161,13 @@ class _Rebuild:
             shape = self._shape(tuple(kwargs))
             if shape is None:  # unknown or missing fields
                 return self._general(kwargs)
-        values = shape.template.copy()
-        values.update(kwargs)
-        for name, factory in shape.factories:
-            values[name] = factory()
+        if shape.whole:
+            values = kwargs
+        else:
+            values = shape.template.copy()
+            values.update(kwargs)
+            for name, factory in shape.factories:
+                values[name] = factory()
         instance = self.cls.__new__(self.cls)
         _SET_DICT(instance, values)
         _SET_FIELDS_SET(instance, set(shape.given))
@@ -186,7 +193,8 @@ class _Rebuild:
                 return None
             else:
                 template[name] = default
-        shape = _Shape(template, tuple(factories), given)
+        whole = names == tuple(template)
+        shape = _Shape(template, tuple(factories), given, whole)
         if len(self.shapes) < self._MAX_SHAPES:
             self.shapes[names] = shape
         return shape

@@ -25,6 +25,7 @@ from langgraph.checkpoint.base import (
 from langgraph.checkpoint.serde.base import SerializerProtocol
 
 from threadkeep.codec.faithful import FaithfulCodec
+from threadkeep.codec.serde import typed_decoder
 from threadkeep.core.identity import Actor, actor_for
 from threadkeep.core.messages import (
     CHAIN_TYPE,
@@ -51,6 +52,7 @@ __all__ = [
     "WritesStep",
     "assemble",
     "decode_value",
+    "decode_values",
     "matches_filter",
     "prepare_put",
     "prepare_writes",
@@ -388,6 +390,24 @@ def decode_value(serde: SerializerProtocol, kind: str, payload: bytes, path: str
         ) from exc
 
 
+def decode_values(serde: SerializerProtocol, stored: Sequence[tuple[str, bytes]], path: str) -> list[Any]:
+    """Decode stored values in order (a message list), naming ``path[i]`` for one that
+    cannot be read back."""
+    decode = typed_decoder(serde)
+    values: list[Any] = []
+    kind = ""
+    try:
+        for kind, payload in stored:
+            values.append(decode(kind, payload))
+    except CheckpointSerializationError as error:
+        raise error.under(f"{path}[{len(values)}]") from None
+    except Exception as exc:
+        raise CheckpointSerializationError(
+            f"cannot read back stored {kind!r} value: {exc}", path=f"{path}[{len(values)}]"
+        ) from exc
+    return values
+
+
 def decode_structure(payload: bytes | str, path: str) -> Any:
     """Decode a checkpoint structure or metadata blob."""
     try:
@@ -533,14 +553,14 @@ class StoredCheckpoint:
     def _referenced_value(self, serde: SerializerProtocol, vtype: str, value: bytes, channel: str) -> Any:
         """The message (``ref``) or messages (``refs``) a write by reference holds."""
         path = f"pending_writes.{channel}"
-        messages = []
-        for i, digest in enumerate(split_refs(value)):
+        stored = []
+        for digest in split_refs(value):
             if digest not in self.messages:
                 raise CheckpointSerializationError(
                     f"a pending write refers to message {digest.hex()}, which is not stored", path=path
                 )
-            kind, payload = self.messages[digest]
-            messages.append(decode_value(serde, kind, payload, f"{path}[{i}]"))
+            stored.append(self.messages[digest])
+        messages = decode_values(serde, stored, path)
         return messages[0] if vtype == REF_TYPE else messages
 
     def _write_value(self, serde: SerializerProtocol, vtype: str, value: bytes, channel: str) -> Any:
@@ -559,10 +579,7 @@ class StoredCheckpoint:
                 continue
             if vtype == CHAIN_TYPE:
                 tail, _ = parse_chain_ref(value)
-                values[channel] = [
-                    decode_value(serde, kind, payload, f"{path}[{i}]")
-                    for i, (kind, payload) in enumerate(lists[tail])
-                ]
+                values[channel] = decode_values(serde, lists[tail], path)
             else:
                 values[channel] = decode_value(serde, vtype, value, path)
         return assemble(

@@ -656,11 +656,15 @@ def _walked_list(
         raise CheckpointSerializationError(
             f"message history is incomplete: {len(rows)} of {count} messages are stored"
         )
-    rows.sort(key=lambda row: -row[0])
-    content.keep(
-        tail, [(bytes(digest), kind, bytes(payload)) for _, digest, kind, payload in rows], thread_id
-    )
-    return [(kind, bytes(payload)) for _, _, kind, payload in rows]
+    ordered: list[Any] = [None] * count
+    for depth, digest, kind, payload in rows:
+        if not 0 <= depth < count:
+            break
+        ordered[count - 1 - depth] = (bytes(digest), kind, bytes(payload))
+    if None in ordered:  # a depth out of range, or twice (so another is missing): corrupt links
+        raise CheckpointSerializationError(f"message history is inconsistent: {count} messages, not in order")
+    content.keep(tail, ordered, thread_id)
+    return [(kind, payload) for _, kind, payload in ordered]
 
 
 def get_stored(
