@@ -17,7 +17,7 @@ Stores (every Postgres store on a pool of at most 8 connections):
 
 Reported: bytes stored after K turns; per-call ``put``/``put_writes``/``get_tuple`` median
 and p99 over a K=40 conversation; a cold load (a new saver instance reading the newest state
-of the finished 40-turn thread: its pool open, its caches empty, the tables ANALYZEd as
+of the finished 40-turn thread, the median of 15: its pool open, its caches empty, the tables ANALYZEd as
 autovacuum would have them in service); and the throughput of 32 conversations running at
 once, 10 and 40 turns long, with the CPU time per turn of this process and of the local
 Postgres and Redis server processes (read from ``/proc``; shown as ``-`` elsewhere).
@@ -55,6 +55,8 @@ from threadkeep.workload import build_agent, turn_input
 POSTGRES = "host=127.0.0.1 user=postgres dbname=test"
 REDIS = "redis://127.0.0.1:6379/0"
 POOL = 8
+# Fresh saver instances per cold load measurement (the median is kept).
+COLD_LOADS = 15
 STORES = (
     "langgraph-postgres",
     "threadkeep-postgres",
@@ -308,13 +310,13 @@ async def cold_load(name: str, saver: Any) -> float:
     config: RunnableConfig = {"configurable": {"thread_id": "bench"}}
     if name.startswith("floor"):
         samples = []
-        for _ in range(5):
+        for _ in range(COLD_LOADS):
             start = time.perf_counter()
             await saver.aget_tuple(config)
             samples.append(time.perf_counter() - start)
         return median_ms(samples)
     samples = []
-    for _ in range(5):
+    for _ in range(COLD_LOADS):
         fresh = await _fresh_instance(name, saver)
         await fresh.aget_tuple({"configurable": {"thread_id": "warm-up"}})  # connections open, caches empty
         start = time.perf_counter()
