@@ -6,6 +6,8 @@ import asyncio
 import concurrent.futures
 import contextlib
 import functools
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -126,6 +128,32 @@ def test_s1_long_lists_are_walked_by_pages_and_read_the_same_without_them(provid
     with connect(dsn) as conn:
         conn.execute("UPDATE tk_message_links SET page = NULL, page_prev = NULL")
     assert read_back() == written
+
+
+def test_asyncio_run_ends_while_the_pool_is_busy_with_its_own_work(provider: Any) -> None:
+    """asyncio.run cancels the tasks left when its coroutine ends. A psycopg_pool worker in
+    the middle of a maintenance task (a connection being added as the pool grows) takes that
+    for a failed task and waits for the next: without the saver closing its pool first, the
+    program never exits. A subprocess, so that a hang fails this test and nothing else."""
+    script = f"""
+import asyncio
+from threadkeep import Settings, open_checkpointer
+saver = open_checkpointer("postgres", {postgres_schema(uuid.uuid4().hex)!r}, settings=Settings())
+class Slow:  # maintenance work still running when the loop ends
+    async def run(self):
+        await asyncio.sleep(30)
+async def main():
+    await saver.aget_tuple({{"configurable": {{"thread_id": "t"}}}})
+    (pool,) = saver.backend.engine._async_pools.values()
+    pool.run_task(Slow())
+    await asyncio.sleep(0.1)
+asyncio.run(main())
+print("ended")
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=30, check=False
+    )
+    assert done.stdout.strip() == "ended", done.stderr[-2000:]
 
 
 def test_p6_migrations_are_serialized_by_an_advisory_lock(provider: Any) -> None:

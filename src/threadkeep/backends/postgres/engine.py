@@ -126,6 +126,10 @@ class PostgresEngine:
         self._opening_async: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = (
             weakref.WeakKeyDictionary()
         )
+        # Per loop, the task that closes its pool when the loop's tasks are cancelled.
+        self._closers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Task[None]] = (
+            weakref.WeakKeyDictionary()
+        )
         self._closed = False
 
     @property
@@ -188,7 +192,24 @@ class PostgresEngine:
                     )
                     await pool.open(wait=True, timeout=self.options.timeout)
                     self._async_pools[loop] = pool
+                    self._closers[loop] = loop.create_task(
+                        self._close_at_loop_end(loop, pool), name="threadkeep-async-pool-closer"
+                    )
         return pool
+
+    async def _close_at_loop_end(self, loop: asyncio.AbstractEventLoop, pool: AsyncConnectionPool) -> None:
+        """Close ``pool`` when this task is cancelled: ``asyncio.run`` (and any runner) cancels
+        every task left when its main coroutine ends. psycopg_pool's workers take a
+        cancellation that arrives while they run a maintenance task (a connection being added
+        as the pool grows) for a failed task and wait for the next one, so the runner would
+        wait for them forever; closing the pool sends them their stop."""
+        try:
+            await loop.create_future()
+        except asyncio.CancelledError:
+            if self._async_pools.get(loop) is pool:
+                del self._async_pools[loop]
+                await pool.close()
+            raise
 
     def run(self, make: ProgramFactory[T], *, write: bool = False, atomic: bool = True) -> T:
         """Run one program, retrying it whole after a dropped connection. A ``write`` that is
@@ -267,10 +288,15 @@ class PostgresEngine:
         if self._pool is not None:
             self._pool.close()
             self._pool = None
-        for loop, pool in list(self._async_pools.items()):
+        pools = list(self._async_pools.items())
+        self._async_pools.clear()
+        for loop, closer in list(self._closers.items()):
+            if not loop.is_closed():
+                loop.call_soon_threadsafe(closer.cancel)
+        for loop, pool in pools:
             if not loop.is_closed() and not loop.is_running():
                 loop.run_until_complete(pool.close())
-        self._async_pools.clear()
+        self._closers.clear()
 
     async def aclose(self) -> None:
         """Close the pools this engine opened, from inside an event loop."""
