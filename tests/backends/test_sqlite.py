@@ -39,17 +39,17 @@ def test_a_migration_script_splits_on_line_ending_semicolons_outside_dollar_quot
         """\
         -- a comment; not a statement
         CREATE TABLE a (x INTEGER);
-        CREATE FUNCTION f() RETURNS INTEGER LANGUAGE plpgsql AS $body$
+        CREATE FUNCTION f() RETURNS INTEGER LANGUAGE plpgsql AS $body1$
         BEGIN
             RETURN 1;
         END
-        $body$;
+        $body1$;
         SELECT 'a;b' FROM a;
         """
     )
     statements = _statements(script)
     assert [statement.split()[0] for statement in statements] == ["--", "CREATE", "SELECT"]
-    assert statements[1].endswith("$body$")
+    assert statements[1].endswith("$body1$")
     assert "RETURN 1;" in statements[1]
 
 

@@ -86,6 +86,26 @@ def test_s1_a_fork_stores_only_what_differs(saver: Any) -> None:
     assert saver.stats()["messages"] == stored + MESSAGES_PER_TURN
 
 
+def test_s1_two_channels_holding_one_message_list_read_back(open_saver: Opener) -> None:
+    """One list in two channels is stored once and read back into both, by a reader that
+    walks it (a new saver) as by the writer."""
+    from langgraph.checkpoint.base import create_checkpoint, empty_checkpoint
+
+    saver = open_saver()
+    messages = [HumanMessage(f"m{i}", id=str(i)) for i in range(3)]
+    checkpoint = create_checkpoint(empty_checkpoint(), None, 0)
+    checkpoint["channel_values"] = {"a": messages, "b": list(messages)}
+    checkpoint["channel_versions"] = {"a": "00001", "b": "00001"}
+    stored = saver.put(
+        cfg("twice"), checkpoint, {"source": "input", "step": -1}, {"a": "00001", "b": "00001"}
+    )
+    reader = open_saver() if saver.facts.survives_restart else saver
+    for found in (reader.get_tuple(stored), saver.get_tuple(stored)):
+        assert found is not None
+        assert found.checkpoint["channel_values"] == {"a": messages, "b": messages}
+    assert saver.stats()["messages"] == 3
+
+
 def test_s1_messages_a_task_writes_read_back_exactly_and_are_stored_once(open_saver: Opener) -> None:
     from langgraph.checkpoint.base import empty_checkpoint
 

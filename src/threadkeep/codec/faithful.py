@@ -111,8 +111,9 @@ class _Shape:
     """How to rebuild a model from kwargs naming one set of its fields, in one order: the
     instance's ``__dict__`` starts as ``template`` (every field in declaration order, the
     defaults filled in), takes the kwargs, then a fresh value from each missing field's
-    default factory. Kwargs that name every field in declaration order (``whole``: what a
-    message's encoding holds) are the ``__dict__`` as they are."""
+    default factory. Kwargs that name every field in declaration order (``whole``: the
+    encoding of a message whose every field was given, as LangGraph's agents' are) are the
+    ``__dict__`` as they are."""
 
     __slots__ = ("factories", "given", "template", "whole")
 

@@ -127,7 +127,7 @@ def typed_decoder(serde: SerializerProtocol) -> Callable[[str, bytes], Any]:
     """``serde.loads_typed`` as a function of (type, bytes), for decoding many values in a
     row: with the faithful codec under compression, a plain ``json`` value goes straight
     to the codec (a message list's every message, on every read)."""
-    if isinstance(serde, CompressingSerializer) and isinstance(serde.inner, FaithfulSerializer):
+    if type(serde) is CompressingSerializer and type(serde.inner) is FaithfulSerializer:
         decode, loads = serde.inner.codec.decode, serde.loads_typed
 
         def decoded(kind: str, payload: bytes) -> Any:

@@ -55,7 +55,7 @@ def load_migrations(package: str) -> list[Migration]:
 
 
 # A dollar-quote tag (``$body$``), or a semicolon that ends a line.
-_SCRIPT_TOKEN = re.compile(r"\$[A-Za-z_]*\$|;[ \t]*$", re.MULTILINE)
+_SCRIPT_TOKEN = re.compile(r"\$(?:[A-Za-z_][A-Za-z_0-9]*)?\$|;[ \t]*$", re.MULTILINE)
 
 
 def _statements(script: str) -> tuple[str, ...]:

@@ -551,7 +551,7 @@ def _stored(
     and the messages of the lists the statement walked: (depth, digest, type, payload) by
     tail."""
     stored = StoredCheckpoint(thread_id=thread_id, checkpoint_ns=checkpoint_ns, branch=branch)
-    walked: dict[bytes, list[tuple[int, bytes, str, bytes]]] = {}
+    walked: dict[bytes, dict[int, tuple[int, bytes, str, bytes]]] = {}
     for (
         kind,
         tid,
@@ -581,9 +581,9 @@ def _stored(
             stored.writes.append((path, task_id, idx, channel, vtype, bytes(value)))
         elif kind == 4:
             stored.messages[bytes(digest)] = (vtype, bytes(value))
-        else:
-            walked.setdefault(bytes(tail), []).append((idx, bytes(digest), vtype, bytes(value)))
-    return stored, walked
+        else:  # two channels holding one list walk it twice: one row per depth is kept
+            walked.setdefault(bytes(tail), {})[idx] = (idx, bytes(digest), vtype, bytes(value))
+    return stored, {tail: list(rows.values()) for tail, rows in walked.items()}
 
 
 def _message_lists(
