@@ -382,12 +382,8 @@ def decode_value(serde: SerializerProtocol, kind: str, payload: bytes, path: str
     """Decode one stored value, naming ``path`` if it cannot be read back."""
     try:
         return serde.loads_typed((kind, bytes(payload)))
-    except CheckpointSerializationError as error:
-        raise error.under(path) from None
     except Exception as exc:
-        raise CheckpointSerializationError(
-            f"cannot read back stored {kind!r} value: {exc}", path=path
-        ) from exc
+        raise _unreadable(exc, kind, path)  # noqa: B904 (_unreadable sets its cause)
 
 
 def decode_values(serde: SerializerProtocol, stored: Sequence[tuple[str, bytes]], path: str) -> list[Any]:
@@ -399,13 +395,22 @@ def decode_values(serde: SerializerProtocol, stored: Sequence[tuple[str, bytes]]
     try:
         for kind, payload in stored:
             values.append(decode(kind, payload))
-    except CheckpointSerializationError as error:
-        raise error.under(f"{path}[{len(values)}]") from None
     except Exception as exc:
-        raise CheckpointSerializationError(
-            f"cannot read back stored {kind!r} value: {exc}", path=f"{path}[{len(values)}]"
-        ) from exc
+        raise _unreadable(exc, kind, f"{path}[{len(values)}]")  # noqa: B904 (_unreadable sets its cause)
     return values
+
+
+def _unreadable(exc: Exception, kind: str, path: str) -> CheckpointSerializationError:
+    """The error for a stored value at ``path`` that ``exc`` kept from being read back: a
+    serialization error placed under ``path``, anything else wrapped (and kept as the
+    cause)."""
+    if isinstance(exc, CheckpointSerializationError):
+        error = exc.under(path)
+    else:
+        error = CheckpointSerializationError(f"cannot read back stored {kind!r} value: {exc}", path=path)
+        error.__cause__ = exc
+    error.__suppress_context__ = True
+    return error
 
 
 def decode_structure(payload: bytes | str, path: str) -> Any:

@@ -288,20 +288,26 @@ class PostgresEngine:
         if self._pool is not None:
             self._pool.close()
             self._pool = None
-        pools = list(self._async_pools.items())
-        self._async_pools.clear()
-        for loop, closer in list(self._closers.items()):
-            if not loop.is_closed():
-                loop.call_soon_threadsafe(closer.cancel)
-        for loop, pool in pools:
-            if not loop.is_closed() and not loop.is_running():
-                loop.run_until_complete(pool.close())
-        self._closers.clear()
+        for loop, pool in list(self._async_pools.items()):
+            closer = self._closers.pop(loop, None)
+            if loop.is_closed():
+                continue
+            if loop.is_running():  # its closer closes the pool in that loop
+                if closer is not None:
+                    loop.call_soon_threadsafe(closer.cancel)
+                continue
+            del self._async_pools[loop]
+            if closer is not None:
+                closer.cancel()
+            loop.run_until_complete(pool.close())
 
     async def aclose(self) -> None:
         """Close the pools this engine opened, from inside an event loop."""
         current = asyncio.get_running_loop()
         pool = self._async_pools.pop(current, None)
+        closer = self._closers.pop(current, None)
+        if closer is not None:
+            closer.cancel()
         if pool is not None:
             await pool.close()
         self.close()
