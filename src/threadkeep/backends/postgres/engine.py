@@ -313,14 +313,14 @@ class PostgresEngine:
         self.close()
 
 
-_PLACEHOLDER = re.compile(r"%\((\w+)\)s")
+_PLACEHOLDER = re.compile(r"%\((\w+)\)([sbt])")
 
 
 @functools.lru_cache(maxsize=256)
 def _fused_sql(statements: tuple[str, ...], read: bool) -> str:
     """One statement running ``statements`` (placeholders of the i-th renamed ``s<i>_``):
     the writes as data-modifying CTEs, and the first as the main query when ``read``."""
-    renamed = [_PLACEHOLDER.sub(rf"%(s{i}_\1)s", sql.strip()) for i, sql in enumerate(statements)]
+    renamed = [_PLACEHOLDER.sub(rf"%(s{i}_\1)\2", sql.strip()) for i, sql in enumerate(statements)]
     first = 1 if read else 0
     ctes = [f"w{i} AS (\n{sql}\n)" for i, sql in enumerate(renamed) if i >= first]
     if read:

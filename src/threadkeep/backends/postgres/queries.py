@@ -156,20 +156,20 @@ _ROWS = {
     "message": (
         "tk_messages (tid, digest, type, value)",
         "",
-        "%({p}digest)s::bytea[], %({p}type)s::text[], %({p}value)s::bytea[]",
+        "%({p}digest)b::bytea[], %({p}type)b::text[], %({p}value)b::bytea[]",
         "DO NOTHING",
     ),
     "link": (
         "tk_message_links (tid, node, prev, digest, page, page_prev)",
         "",
-        "%({p}node)s::bytea[], %({p}prev)s::bytea[], %({p}digest)s::bytea[], %({p}page)s::bytea[],"
-        " %({p}page_prev)s::bytea[]",
+        "%({p}node)b::bytea[], %({p}prev)b::bytea[], %({p}digest)b::bytea[], %({p}page)b::bytea[],"
+        " %({p}page_prev)b::bytea[]",
         "DO NOTHING",
     ),
     "blob": (
         "tk_blobs (tid, checkpoint_ns, channel, version, type, value)",
         "%(checkpoint_ns)s, ",
-        "%({p}channel)s::text[], %({p}version)s::text[], %({p}type)s::text[], %({p}value)s::bytea[]",
+        "%({p}channel)b::text[], %({p}version)b::text[], %({p}type)b::text[], %({p}value)b::bytea[]",
         "(tid, checkpoint_ns, channel, version) DO UPDATE SET type = EXCLUDED.type, value = EXCLUDED.value",
     ),
 }
@@ -222,7 +222,7 @@ WHERE t.thread_id = %(thread_id)s AND t.head = %(parent_id)s::text
           WHERE p.tid = t.tid AND p.checkpoint_ns = '' AND p.checkpoint_id = %(parent_id)s::text
             AND p.checkpoint -> 'channel_versions' ->> u.key = u.value))
   AND (SELECT count(*) FROM tk_message_links AS l
-       WHERE l.tid = t.tid AND l.node = ANY(%(known)s::bytea[])) = cardinality(%(known)s::bytea[])
+       WHERE l.tid = t.tid AND l.node = ANY(%(known)b::bytea[])) = cardinality(%(known)b::bytea[])
 RETURNING t.tid
 """
 
@@ -300,8 +300,8 @@ _WRITES = (
 INSERT INTO tk_writes (tid, checkpoint_ns, checkpoint_id, task_id, idx, task_path, channel, type, value)
 SELECT t.tid, %(checkpoint_ns)s, %(checkpoint_id)s, w.task_id, w.idx, w.task_path, w.channel, w.type, w.value
 FROM tk_threads AS t,
-     unnest(%(task_id)s::text[], %(idx)s::integer[], %(task_path)s::text[], %(channel)s::text[],
-            %(type)s::text[], %(value)s::bytea[]) AS w (task_id, idx, task_path, channel, type, value)"""
+     unnest(%(task_id)b::text[], %(idx)b::integer[], %(task_path)b::text[], %(channel)b::text[],
+            %(type)b::text[], %(value)b::bytea[]) AS w (task_id, idx, task_path, channel, type, value)"""
     + _WRITE_GUARD
 )
 
@@ -314,7 +314,7 @@ _MANY["write_message"] = (
 INSERT INTO tk_messages (tid, digest, type, value)
 SELECT t.tid, m.digest, m.type, m.value
 FROM tk_threads AS t,
-     unnest(%(digest)s::bytea[], %(type)s::text[], %(value)s::bytea[]) AS m (digest, type, value)"""
+     unnest(%(digest)b::bytea[], %(type)b::text[], %(value)b::bytea[]) AS m (digest, type, value)"""
     + _WRITE_GUARD
     + "ON CONFLICT DO NOTHING"
 )
