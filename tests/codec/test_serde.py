@@ -244,3 +244,29 @@ def test_a_stored_message_list_reads_back_in_order_and_a_bad_entry_is_named(serd
     with pytest.raises(CheckpointSerializationError) as caught:
         decode_values(serde, stored, "channel_values.messages")
     assert caught.value.path == "channel_values.messages[2]"
+
+
+def test_a_list_read_in_one_pass_is_what_each_value_reads_back_as_alone() -> None:
+    """The one-parse read of a message list (FaithfulCodec.decode_many) takes the plain
+    envelopes together and the rest one by one: the result is the same either way."""
+    from langchain_core.messages import AIMessage, ToolMessage
+
+    from threadkeep.core.records import decode_values
+
+    serde = build_serde()
+    values = [
+        HumanMessage("plain", id="h1"),
+        AIMessage("", id="a1", tool_calls=[{"name": "look", "args": {"q": "x"}, "id": "c1"}]),
+        ToolMessage("found ~ it", tool_call_id="c1", id="t1"),  # a "~" in the bytes
+        HumanMessage('{"~lc": ["not", "an", "envelope"]}', id="h2"),
+        AIMessage("when", id="a2", additional_kwargs={"at": datetime(2026, 1, 2, tzinfo=UTC)}),
+        {"not": "a message"},
+        HumanMessage("last", id="h3", name="someone"),
+    ]
+    stored = [serde.dumps_typed(value) for value in values]
+    read = decode_values(serde, stored, "channel_values.messages")
+    alone = [serde.loads_typed(entry) for entry in stored]
+    assert read == alone == values
+    assert [type(value) for value in read] == [type(value) for value in values]
+    assert read[4].additional_kwargs["at"] == datetime(2026, 1, 2, tzinfo=UTC)
+    assert read[6].model_fields_set == values[6].model_fields_set

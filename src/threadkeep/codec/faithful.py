@@ -22,7 +22,7 @@ import inspect
 import math
 import sys
 import uuid
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Collection, Iterable, Sequence
 from datetime import date, datetime, time, timedelta, timezone, tzinfo
 from decimal import Decimal
 from functools import lru_cache
@@ -719,6 +719,61 @@ class FaithfulCodec:
         if _MARK not in raw:
             return tree
         return self.from_json(tree)
+
+    def decode_many(self, raws: Sequence[bytes]) -> list[Any]:
+        """Decode values written by :meth:`encode`, in order (a message list): the kwargs
+        of every plain LangChain envelope among them (the hot path of a cold read) are
+        parsed by one JSON call over them all, and each is then revived as
+        :meth:`_revive_plain` revives one. Anything else is decoded one by one.
+
+        Raises:
+            CheckpointSerializationError: as :meth:`decode`; the caller decodes again one
+                by one to name the value that fails.
+        """
+        start = len(_LC_PREFIX)
+        builders: list[tuple[tuple[str, ...], Callable[[dict[str, Any]], object]] | None] = []
+        parts: list[bytes] = []
+        lookup = _LC_BY_BYTES.get
+        for raw in raws:
+            found = None
+            if type(raw) is bytes and raw.startswith(_LC_PREFIX) and raw.endswith(b"]}"):
+                end = raw.find(b"],", start)
+                if end >= 0:
+                    found = lookup(raw[start : end + 1])
+                    if found is not None:
+                        parts.append(raw[end + 2 : -2])
+            builders.append(found)
+        if not parts:
+            return [self.decode(raw) for raw in raws]
+        joined = b"[" + b",".join(parts) + b"]"
+        try:
+            parsed = iter(orjson.loads(joined))
+        except orjson.JSONDecodeError:  # a kwargs part that is not JSON by itself
+            return [self.decode(raw) for raw in raws]
+        # As in _revive_plain: kwargs whose bytes hold no "~" hold no envelope.
+        marked = b"~" in joined
+        validate = _LC_VALIDATOR
+        out: list[Any] = []
+        try:
+            for raw, found in zip(raws, builders, strict=True):
+                if found is None:
+                    out.append(self.decode(raw))
+                    continue
+                kwargs = next(parsed)
+                if type(kwargs) is not dict or (marked and not _plain(kwargs)):
+                    out.append(self.decode(raw))
+                    continue
+                key, build = found
+                if validate is not None:
+                    validate(key, kwargs)
+                out.append(build(kwargs))
+        except _Refused as refused:
+            raise refused.error() from None
+        except CheckpointSerializationError:
+            raise
+        except Exception as exc:
+            raise CheckpointSerializationError(f"cannot revive a LangChain object: {exc}") from exc
+        return out
 
     def _revive_plain(self, raw: bytes) -> object:
         """Revive a LangChain envelope whose kwargs hold no envelope, without a tree walk.

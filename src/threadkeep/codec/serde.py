@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import threading
 import zlib
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 from typing import Any, Final
 
 import zstandard
@@ -135,6 +135,23 @@ def typed_decoder(serde: SerializerProtocol) -> Callable[[str, bytes], Any]:
 
         return decoded
     return lambda kind, payload: serde.loads_typed((kind, payload))
+
+
+def list_decoder(serde: SerializerProtocol) -> Callable[[Sequence[tuple[str, bytes]]], list[Any]]:
+    """``serde.loads_typed`` over a list of (type, bytes), in order: with the faithful codec
+    under compression, a list of plain ``json`` values (a message list) is decoded by
+    :meth:`~threadkeep.codec.faithful.FaithfulCodec.decode_many`."""
+    decode = typed_decoder(serde)
+    if type(serde) is CompressingSerializer and type(serde.inner) is FaithfulSerializer:
+        many = serde.inner.codec.decode_many
+
+        def decoded(stored: Sequence[tuple[str, bytes]]) -> list[Any]:
+            if all(kind == JSON_TYPE for kind, _ in stored):
+                return many([payload for _, payload in stored])
+            return [decode(kind, payload) for kind, payload in stored]
+
+        return decoded
+    return lambda stored: [decode(kind, payload) for kind, payload in stored]
 
 
 def build_serde(

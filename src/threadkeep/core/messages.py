@@ -20,7 +20,7 @@ import marshal
 import operator
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Final
 
 from langchain_core.messages import BaseMessage
@@ -221,14 +221,17 @@ class ContentCache:
         with self._guard:
             return self._payloads.get(digest)
 
-    def keep(self, tail: bytes, messages: Sequence[tuple[bytes, str, bytes]], thread_id: str = "") -> None:
-        """Remember the list ending at ``tail`` and the payloads of its messages."""
-        self._keep(tail, tuple(digest for digest, _, _ in messages), messages, thread_id)
+    def keep(
+        self, tail: bytes, digests: Sequence[bytes], entries: Sequence[tuple[str, bytes]], thread_id: str = ""
+    ) -> None:
+        """Remember the list ending at ``tail``: its messages' ``digests`` and their (type,
+        payload) ``entries``, in list order."""
+        self._keep(tail, tuple(digests), zip(digests, entries, strict=True), thread_id)
 
     def keep_chain(self, chain: MessageChain, thread_id: str = "") -> None:
         """Remember what a put encoded: its list, and the payloads it has at hand."""
-        encoded = [(chain.digests[position], *payload) for position, payload in chain.encoded()]
-        self._keep(chain.tail, chain.digests, encoded, thread_id)
+        digests = chain.digests
+        self._keep(chain.tail, digests, ((digests[at], entry) for at, entry in chain.encoded()), thread_id)
 
     def recent_tails(self, thread_id: str) -> list[bytes]:
         """Tails lately kept for ``thread_id`` whose whole list this cache still holds."""
@@ -251,7 +254,7 @@ class ContentCache:
         self,
         tail: bytes,
         digests: tuple[bytes, ...],
-        payloads: Sequence[tuple[bytes, str, bytes]],
+        payloads: Iterable[tuple[bytes, tuple[str, bytes]]],
         thread_id: str,
     ) -> None:
         with self._guard:
@@ -267,20 +270,18 @@ class ContentCache:
             self._lists.move_to_end(tail)
             while len(self._lists) > self.max_lists:
                 self._lists.popitem(last=False)
-            for digest, kind, payload in payloads:
-                self._keep_payload(digest, kind, payload)
-
-    def _keep_payload(self, digest: bytes, kind: str, payload: bytes) -> None:
-        if digest in self._payloads:
-            self._payloads.move_to_end(digest)
-            return
-        if len(payload) > self.max_bytes // 8:
-            return
-        self._payloads[digest] = (kind, payload)
-        self._bytes += len(payload)
-        while self._bytes > self.max_bytes:
-            _, (_, dropped) = self._payloads.popitem(last=False)
-            self._bytes -= len(dropped)
+            # A cold read keeps every message of a long list: one loop, names bound once.
+            kept, largest, added = self._payloads, self.max_bytes // 8, 0
+            for digest, entry in payloads:
+                if digest in kept:
+                    kept.move_to_end(digest)
+                elif len(entry[1]) <= largest:
+                    kept[digest] = entry
+                    added += len(entry[1])
+            self._bytes += added
+            while self._bytes > self.max_bytes:
+                _, (_, dropped) = kept.popitem(last=False)
+                self._bytes -= len(dropped)
 
 
 class MessageChain:

@@ -262,9 +262,8 @@ def _remember(
     stored: StoredCheckpoint, carried: dict[bytes, list[tuple[str, bytes]]], content: ContentCache
 ) -> None:
     for tail, messages in carried.items():
-        content.keep(
-            tail, [(digest_of(kind, payload), kind, payload) for kind, payload in messages], stored.thread_id
-        )
+        digests = [digest_of(kind, payload) for kind, payload in messages]
+        content.keep(tail, digests, messages, stored.thread_id)
 
 
 def _load(

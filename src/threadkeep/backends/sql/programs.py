@@ -582,7 +582,7 @@ def _stored(
         elif kind == 4:
             stored.messages[bytes(digest)] = (vtype, bytes(value))
         else:  # two channels holding one list walk it twice: one row per depth is kept
-            walked.setdefault(bytes(tail), {})[idx] = (idx, bytes(digest), vtype, bytes(value))
+            walked.setdefault(bytes(tail), {})[idx] = (idx, digest, vtype, value)
     return stored, {tail: list(rows.values()) for tail, rows in walked.items()}
 
 
@@ -656,15 +656,18 @@ def _walked_list(
         raise CheckpointSerializationError(
             f"message history is incomplete: {len(rows)} of {count} messages are stored"
         )
-    ordered: list[Any] = [None] * count
+    digests: list[Any] = [None] * count
+    entries: list[Any] = [None] * count
     for depth, digest, kind, payload in rows:
         if not 0 <= depth < count:
             break
-        ordered[count - 1 - depth] = (bytes(digest), kind, bytes(payload))
-    if None in ordered:  # a depth out of range, or twice (so another is missing): corrupt links
+        at = count - 1 - depth
+        digests[at] = bytes(digest)
+        entries[at] = (kind, bytes(payload))
+    if None in digests:  # a depth out of range, or twice (so another is missing): corrupt links
         raise CheckpointSerializationError(f"message history is inconsistent: {count} messages, not in order")
-    content.keep(tail, ordered, thread_id)
-    return [(kind, payload) for _, kind, payload in ordered]
+    content.keep(tail, digests, entries, thread_id)
+    return entries
 
 
 def get_stored(
