@@ -366,3 +366,27 @@ async def test_p7_first_calls_from_many_tasks_share_one_ready_pool(provider: Any
         assert all(calls)
         (pool,) = saver.backend.engine._async_pools.values()
         assert not pool.closed
+
+
+def test_typed_array_parameters_reach_the_server_as_the_lists_they_wrap(provider: Any) -> None:
+    """The binary dumpers of threadkeep's array parameters (backends/postgres/arrays.py):
+    NULLs, empty arrays, non-ASCII text, 32-bit bounds, and a plain list beside them."""
+    from threadkeep.backends.postgres.arrays import typed_arrays
+
+    sql = (
+        "SELECT %(digests)b::bytea[], %(names)b::text[], %(counts)b::integer[], %(none)b::bytea[],"
+        " %(empty)b::text[], %(plain)s::text[]"
+    )
+    params = {
+        "digests": [b"\x00\xff", None, b""],
+        "names": ["tâche", None, "", 'a,b{c}"d'],
+        "counts": [0, -(2**31), 2**31 - 1, None],
+        "none": [None, None],
+        "empty": [],
+        "plain": ["left as it is"],
+    }
+    wrapped = typed_arrays(sql, dict(params))
+    assert type(wrapped["plain"]) is list
+    assert type(wrapped["digests"]) is not list
+    with connect(POSTGRES_URL) as conn:
+        assert list(conn.execute(sql, wrapped).fetchone()) == list(params.values())

@@ -11,6 +11,7 @@ import functools
 
 import orjson
 
+from threadkeep.backends.postgres.arrays import typed_arrays
 from threadkeep.core.messages import LINK_PAGE
 from threadkeep.core.program import Sql
 from threadkeep.core.records import STRUCTURE
@@ -267,7 +268,8 @@ def claimed_put(
     for kind in kinds:
         for column in rows[kind][0]:
             params[f"{kind}_{column}"] = [row[column] for row in rows[kind]]
-    claimed = Sql(_claimed_put_sql(kinds), params)
+    sql = _claimed_put_sql(kinds)
+    claimed = Sql(sql, typed_arrays(sql, params))
     if keep is None:
         return (claimed,)
     limit = {name: common[name] for name in ("thread_id", "checkpoint_id", "required_owner")}
@@ -515,7 +517,7 @@ SELECT
 def many(kind: str, common: dict[str, object], rows: list[dict[str, object]]) -> Sql:
     """One statement for all ``rows``: each column goes in as one array."""
     columns = {name: [row[name] for row in rows] for name in rows[0]}
-    return Sql(_MANY[kind], {**common, **columns})
+    return Sql(_MANY[kind], typed_arrays(_MANY[kind], {**common, **columns}))
 
 
 def text_list(items: list[str]) -> object:
