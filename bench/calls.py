@@ -39,10 +39,24 @@ async def record(turns: int) -> list[Call]:
 
 def _recording(name: str, method: Any, calls: list[Call]) -> Any:
     async def recorded(*args: Any, **kwargs: Any) -> Any:
-        calls.append((name, args, kwargs))
+        calls.append((name, tuple(_as_called(arg) for arg in args), kwargs))
         return await method(*args, **kwargs)
 
     return recorded
+
+
+def _as_called(value: Any) -> Any:
+    """A checkpoint as it was when passed: LangGraph goes on updating the dicts of the one it
+    passed to ``aput`` (a replay of the later state made one put in ten miss its one-statement
+    path). Its values stay the very objects passed, as the graph shares them between puts."""
+    if isinstance(value, dict) and "channel_versions" in value and "channel_values" in value:
+        return {
+            **value,
+            "channel_values": dict(value["channel_values"]),
+            "channel_versions": dict(value["channel_versions"]),
+            "versions_seen": {node: dict(seen) for node, seen in value["versions_seen"].items()},
+        }
+    return value
 
 
 def _on_thread(value: Any, thread_id: str) -> Any:
