@@ -442,6 +442,18 @@ def _unencodable_text(tree: object, path: str = "") -> str | None:
     return None
 
 
+def _revive_failure(exc: Exception) -> CheckpointSerializationError:
+    """The error for a LangChain object that could not be revived: a refusal as itself,
+    anything else wrapped (and kept as the cause)."""
+    if isinstance(exc, _Refused):
+        error = exc.error()
+    else:
+        error = CheckpointSerializationError(f"cannot revive a LangChain object: {exc}")
+        error.__cause__ = exc
+    error.__suppress_context__ = True
+    return error
+
+
 def _plain(tree: Any) -> bool:
     """Whether a parsed JSON tree holds no envelope (a one-key object whose key starts ``~``)."""
     if type(tree) is dict:
@@ -767,12 +779,10 @@ class FaithfulCodec:
                 if validate is not None:
                     validate(key, kwargs)
                 out.append(build(kwargs))
-        except _Refused as refused:
-            raise refused.error() from None
-        except CheckpointSerializationError:
+        except CheckpointSerializationError:  # a value decoded one by one
             raise
         except Exception as exc:
-            raise CheckpointSerializationError(f"cannot revive a LangChain object: {exc}") from exc
+            raise _revive_failure(exc)  # noqa: B904 (it sets the cause)
         return out
 
     def _revive_plain(self, raw: bytes) -> object:
@@ -801,12 +811,10 @@ class FaithfulCodec:
             if _LC_VALIDATOR is not None:
                 _LC_VALIDATOR(key, kwargs)
             return build(kwargs)
-        except _Refused as refused:
-            raise refused.error() from None
         except orjson.JSONDecodeError:
             return _NOT_PLAIN
         except Exception as exc:
-            raise CheckpointSerializationError(f"cannot revive a LangChain object: {exc}") from exc
+            raise _revive_failure(exc)  # noqa: B904 (it sets the cause)
 
     def from_json(self, tree: object) -> Any:
         """Decode the JSON-native structure :meth:`to_json` returned."""
