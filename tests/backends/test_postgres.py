@@ -371,6 +371,10 @@ async def test_p7_first_calls_from_many_tasks_share_one_ready_pool(provider: Any
 def test_typed_array_parameters_reach_the_server_as_the_lists_they_wrap(provider: Any) -> None:
     """The binary dumpers of threadkeep's array parameters (backends/postgres/arrays.py):
     NULLs, empty arrays, non-ASCII text, 32-bit bounds, and a plain list beside them."""
+    import enum
+
+    import psycopg
+
     from threadkeep.backends.postgres.arrays import typed_arrays
 
     sql = (
@@ -390,3 +394,20 @@ def test_typed_array_parameters_reach_the_server_as_the_lists_they_wrap(provider
     assert type(wrapped["digests"]) is not list
     with connect(POSTGRES_URL) as conn:
         assert list(conn.execute(sql, wrapped).fetchone()) == list(params.values())
+
+    # Text goes in the connection's client encoding, and a str subclass as its own text
+    # (an Enum's value, not its str()), as psycopg's own dumpers send them.
+    class Channel(str, enum.Enum):  # noqa: UP042 (str() is not its value, as with StrEnum)
+        MESSAGES = "messages"
+
+    text = "SELECT %(names)b::text[]"
+    names = ["tâche", Channel.MESSAGES, None]
+    latin1 = psycopg.conninfo.make_conninfo(POSTGRES_URL, options="-c client_encoding=LATIN1")
+    with connect(latin1) as latin:
+        assert latin.execute(text, typed_arrays(text, {"names": names})).fetchone()[0] == [
+            "tâche",
+            "messages",
+            None,
+        ]
+    with connect(POSTGRES_URL) as conn, pytest.raises(psycopg.DataError, match="32-bit"):
+        conn.execute("SELECT %(n)b::integer[]", typed_arrays("SELECT %(n)b::integer[]", {"n": [2**31]}))

@@ -270,3 +270,20 @@ def test_a_list_read_in_one_pass_is_what_each_value_reads_back_as_alone() -> Non
     assert [type(value) for value in read] == [type(value) for value in values]
     assert read[4].additional_kwargs["at"] == datetime(2026, 1, 2, tzinfo=UTC)
     assert read[6].model_fields_set == values[6].model_fields_set
+
+
+def test_a_malformed_envelope_in_a_list_is_refused_and_shifts_nothing() -> None:
+    """An envelope whose ``~lc`` array holds an extra value parses inside the one-pass read
+    of its list; it must still be refused, naming its index, as it is alone."""
+    from threadkeep.core.records import decode_values
+
+    serde = build_serde()
+    stored = [serde.dumps_typed(HumanMessage(text, id=text)) for text in ("a", "b", "c")]
+    assert decode_values(serde, stored, "messages") == [HumanMessage(t, id=t) for t in ("a", "b", "c")]
+    kind, raw = stored[1]
+    stored[1] = (kind, raw[:-2] + b',{"content":"x","type":"human","id":"x"}]}')
+    with pytest.raises(CheckpointSerializationError, match="malformed LangChain envelope"):
+        serde.loads_typed(stored[1])
+    with pytest.raises(CheckpointSerializationError, match="malformed LangChain envelope") as listed:
+        decode_values(serde, stored, "messages")
+    assert listed.value.path == "messages[1]"

@@ -38,7 +38,11 @@ def test_s1_storage_grows_linearly_with_the_conversation(open_saver: Opener) -> 
     run_turns(build_agent(short), "short", 5)
     run_turns(build_agent(long), "long", 10)
     ratio = long.stats()["payload_bytes"] / short.stats()["payload_bytes"]
-    assert 1.8 < ratio < 2.3  # twice the conversation, twice the bytes: not four times
+    # Twice the conversation, twice the bytes: not four times. The margin is for a tool's
+    # message written before add_messages gives it an id (the sync API writes from a worker
+    # thread): that write is stored whole, not by reference, so a run's bytes move by a few
+    # messages (78,127 to 83,033 for five turns in four runs).
+    assert 1.6 < ratio < 2.4
 
 
 def test_s1_old_checkpoint_reads_back_its_messages_after_edits_and_removals(saver: Any) -> None:

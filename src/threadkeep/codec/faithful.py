@@ -750,7 +750,8 @@ class FaithfulCodec:
             found = None
             if type(raw) is bytes and raw.startswith(_LC_PREFIX) and raw.endswith(b"]}"):
                 end = raw.find(b"],", start)
-                if end >= 0:
+                # Kwargs are one JSON object: "{" right after the id, "}" before the end.
+                if end >= 0 and raw[end + 2 : end + 3] == b"{" and raw[-3:-2] == b"}":
                     found = lookup(raw[start : end + 1])
                     if found is not None:
                         parts.append(raw[end + 2 : -2])
@@ -759,9 +760,12 @@ class FaithfulCodec:
             return [self.decode(raw) for raw in raws]
         joined = b"[" + b",".join(parts) + b"]"
         try:
-            parsed = iter(orjson.loads(joined))
+            every = orjson.loads(joined)
         except orjson.JSONDecodeError:  # a kwargs part that is not JSON by itself
             return [self.decode(raw) for raw in raws]
+        if len(every) != len(parts):  # a part held more than one value: a malformed envelope
+            return [self.decode(raw) for raw in raws]
+        parsed = iter(every)
         # As in _revive_plain: kwargs whose bytes hold no "~" hold no envelope.
         marked = b"~" in joined
         validate = _LC_VALIDATOR

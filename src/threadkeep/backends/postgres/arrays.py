@@ -40,18 +40,20 @@ class _Array(list[Any]):
     ELEMENT_OID: ClassVar[int]
 
     @staticmethod
-    def element(value: Any) -> bytes:
+    def element(value: Any, encoding: str) -> bytes:
+        """One non-NULL element in Postgres's binary form (text in ``encoding``, the
+        connection's client encoding, as the server reads it)."""
         raise NotImplementedError
 
 
 class ByteaArray(_Array):
-    """``bytea[]``: bytes, or None."""
+    """``bytea[]``: bytes-like values, or None."""
 
     ELEMENT_OID = 17
 
     @staticmethod
-    def element(value: Any) -> bytes:
-        return bytes(value)
+    def element(value: Any, encoding: str) -> bytes:
+        return value if type(value) is bytes else bytes(memoryview(value))
 
 
 class TextArray(_Array):
@@ -60,8 +62,9 @@ class TextArray(_Array):
     ELEMENT_OID = 25
 
     @staticmethod
-    def element(value: Any) -> bytes:
-        return str(value).encode()
+    def element(value: Any, encoding: str) -> bytes:
+        # str.encode takes a subclass's own text (an Enum's value), not its __str__.
+        return str.encode(value, encoding) if isinstance(value, str) else str(value).encode(encoding)
 
 
 class IntegerArray(_Array):
@@ -73,19 +76,23 @@ class IntegerArray(_Array):
 class _ArrayDumper(Dumper):
     format = Format.BINARY
 
+    def __init__(self, cls: type, context: Any = None) -> None:
+        super().__init__(cls, context)
+        self.encoding = self.connection.info.encoding if self.connection is not None else "utf-8"
+
     def dump(self, obj: Any) -> bytes:
         if not obj:
             return _EMPTY.pack(0, 0, obj.ELEMENT_OID)
         if type(obj) is IntegerArray:
             return self._integers(obj)
         parts = [b""]
-        add, length, element, nulls = parts.append, _LENGTH.pack, obj.element, 0
+        add, length, element, encoding, nulls = parts.append, _LENGTH.pack, obj.element, self.encoding, 0
         for value in obj:
             if value is None:
                 add(_NULL)
                 nulls = 1
             else:
-                data = element(value)
+                data = element(value, encoding)
                 add(length(len(data)))
                 add(data)
         parts[0] = _HEADER.pack(1, nulls, obj.ELEMENT_OID, len(obj), 1)
@@ -94,7 +101,12 @@ class _ArrayDumper(Dumper):
     @staticmethod
     def _integers(obj: IntegerArray) -> bytes:
         pack = _INT4.pack
-        parts = [_NULL if value is None else pack(4, value) for value in obj]
+        try:
+            parts = [_NULL if value is None else pack(4, value) for value in obj]
+        except struct.error:
+            raise psycopg.DataError(
+                f"an integer[] parameter holds a value out of the 32-bit range: {obj!r}"
+            ) from None
         nulls = 1 if None in obj else 0
         return _HEADER.pack(1, nulls, obj.ELEMENT_OID, len(obj), 1) + b"".join(parts)
 
