@@ -123,12 +123,21 @@ class CompressingSerializer:
         return self.inner.loads_typed((kind, payload))
 
 
+def _faithful_codec(serde: SerializerProtocol) -> FaithfulCodec | None:
+    """The codec a ``json`` value goes straight to: the faithful codec under compression,
+    exactly those classes (a subclass may read values its own way)."""
+    if type(serde) is CompressingSerializer and type(serde.inner) is FaithfulSerializer:
+        return serde.inner.codec
+    return None
+
+
 def typed_decoder(serde: SerializerProtocol) -> Callable[[str, bytes], Any]:
     """``serde.loads_typed`` as a function of (type, bytes), for decoding many values in a
     row: with the faithful codec under compression, a plain ``json`` value goes straight
     to the codec (a message list's every message, on every read)."""
-    if type(serde) is CompressingSerializer and type(serde.inner) is FaithfulSerializer:
-        decode, loads = serde.inner.codec.decode, serde.loads_typed
+    codec = _faithful_codec(serde)
+    if codec is not None:
+        decode, loads = codec.decode, serde.loads_typed
 
         def decoded(kind: str, payload: bytes) -> Any:
             return decode(payload) if kind == JSON_TYPE else loads((kind, payload))
@@ -137,21 +146,12 @@ def typed_decoder(serde: SerializerProtocol) -> Callable[[str, bytes], Any]:
     return lambda kind, payload: serde.loads_typed((kind, payload))
 
 
-def list_decoder(serde: SerializerProtocol) -> Callable[[Sequence[tuple[str, bytes]]], list[Any]]:
-    """``serde.loads_typed`` over a list of (type, bytes), in order: with the faithful codec
-    under compression, a list of plain ``json`` values (a message list) is decoded by
-    :meth:`~threadkeep.codec.faithful.FaithfulCodec.decode_many`."""
-    decode = typed_decoder(serde)
-    if type(serde) is CompressingSerializer and type(serde.inner) is FaithfulSerializer:
-        many = serde.inner.codec.decode_many
-
-        def decoded(stored: Sequence[tuple[str, bytes]]) -> list[Any]:
-            if all(kind == JSON_TYPE for kind, _ in stored):
-                return many([payload for _, payload in stored])
-            return [decode(kind, payload) for kind, payload in stored]
-
-        return decoded
-    return lambda stored: [decode(kind, payload) for kind, payload in stored]
+def list_decoder(serde: SerializerProtocol) -> Callable[[Sequence[bytes]], list[Any]] | None:
+    """How to decode a list of plain ``json`` values (a message list) in one pass:
+    :meth:`~threadkeep.codec.faithful.FaithfulCodec.decode_many` with the faithful codec
+    under compression; ``None`` otherwise (decode them one by one)."""
+    codec = _faithful_codec(serde)
+    return None if codec is None else codec.decode_many
 
 
 def build_serde(

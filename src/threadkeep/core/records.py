@@ -26,7 +26,7 @@ from langgraph.checkpoint.base import (
 from langgraph.checkpoint.serde.base import SerializerProtocol
 
 from threadkeep.codec.faithful import FaithfulCodec
-from threadkeep.codec.serde import list_decoder, typed_decoder
+from threadkeep.codec.serde import JSON_TYPE, list_decoder, typed_decoder
 from threadkeep.core.identity import Actor, actor_for
 from threadkeep.core.messages import (
     CHAIN_TYPE,
@@ -390,8 +390,10 @@ def decode_value(serde: SerializerProtocol, kind: str, payload: bytes, path: str
 def decode_values(serde: SerializerProtocol, stored: Sequence[tuple[str, bytes]], path: str) -> list[Any]:
     """Decode stored values in order (a message list), naming ``path[i]`` for one that
     cannot be read back."""
-    with contextlib.suppress(Exception):  # decoded again one by one below, to name the one
-        return list_decoder(serde)(stored)
+    many = list_decoder(serde)
+    if many is not None and all(kind == JSON_TYPE for kind, _ in stored):
+        with contextlib.suppress(Exception):  # decoded again one by one below, to name the one
+            return many([payload for _, payload in stored])
     decode = typed_decoder(serde)
     values: list[Any] = []
     kind = ""
