@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from langchain_core.messages import AIMessage, HumanMessage
 
 from threadkeep.codec.serde import build_serde
@@ -23,8 +24,14 @@ def test_s1_lists_sharing_a_prefix_share_its_links() -> None:
     assert parse_chain_ref(chain_ref(longer)) == (longer.tail, 3)
 
 
-def test_s1_memo_reuses_digests_of_unchanged_objects_only() -> None:
-    memo = EncodingMemo()
+# The memo checks a list a block of messages at a time where it can, else one by one: each
+# memo test runs with blocks of one message, of two, and of the default size.
+BLOCKS = pytest.mark.parametrize("block", [1, 2, 32])
+
+
+@BLOCKS
+def test_s1_memo_reuses_digests_of_unchanged_objects_only(block: int) -> None:
+    memo = EncodingMemo(block=block)
     messages = [HumanMessage("hello", id="1"), AIMessage("hi", id="2", additional_kwargs={"k": [1]})]
     first = MessageChain("messages", "1", messages, SERDE, memo=memo, memo_key=("t", "", "messages"))
     assert len(first.encoded()) == 2
@@ -40,10 +47,11 @@ def test_s1_memo_reuses_digests_of_unchanged_objects_only() -> None:
     assert edited.digests[1] != first.digests[1]
 
 
-def test_s1_memo_gives_the_links_and_digests_a_fresh_encoding_gives() -> None:
+@BLOCKS
+def test_s1_memo_gives_the_links_and_digests_a_fresh_encoding_gives(block: int) -> None:
     """Whatever happens to the list between puts (appends, an edit in place in the middle,
     a removal, a message swapped for an equal one), the memo's shortcuts change nothing."""
-    memo = EncodingMemo()
+    memo = EncodingMemo(block=block)
     key = ("t", "", "messages")
     messages = [
         HumanMessage("q", id="1"),
@@ -69,9 +77,34 @@ def test_s1_memo_gives_the_links_and_digests_a_fresh_encoding_gives() -> None:
     check("6")
     messages[1].name = messages[1].name  # no value changes, but "name" is now marked set
     check("7")
+    messages[0].additional_kwargs["n"] = 1  # in place, in a container
+    check("8")
+    messages[0].additional_kwargs["n"] = True  # the same JSON number's equal, another type
+    check("9")
+    messages[2].__pydantic_extra__["note"] = "x"  # type: ignore[index]  # an extra field, in place
+    check("10")
+    messages[1].content = str(messages[1].content)  # an equal string, maybe the same object
+    check("11")
 
 
-def test_s1_memo_never_keeps_a_digest_for_a_message_edited_while_it_was_encoded() -> None:
+@BLOCKS
+def test_s1_memo_encodes_only_new_messages_when_a_window_slides(block: int) -> None:
+    """A list that drops its oldest message at every put (a sliding window) shifts every
+    message: none is encoded again, and the links are what a fresh encoding gives."""
+    memo = EncodingMemo(block=block)
+    key = ("t", "", "messages")
+    messages: list[Any] = [HumanMessage(f"m{i}", id=str(i)) for i in range(7)]
+    MessageChain("messages", "0", messages, SERDE, memo=memo, memo_key=key)
+    for step in range(1, 5):
+        messages = [*messages[1:], AIMessage(f"new {step}", id=f"n{step}")]
+        chain = MessageChain("messages", str(step), messages, SERDE, memo=memo, memo_key=key)
+        assert [position for position, _ in chain.encoded()] == [len(messages) - 1]
+        fresh = MessageChain("messages", str(step), messages, SERDE)
+        assert (chain.nodes, chain.digests) == (fresh.nodes, fresh.digests)
+
+
+@BLOCKS
+def test_s1_memo_never_keeps_a_digest_for_a_message_edited_while_it_was_encoded(block: int) -> None:
     """A node may edit a message in place while a put (run in the background, LangGraph's
     async durability) encodes it: the digest is of what was encoded, so the next put must
     not take it for the message as it is now."""
@@ -85,9 +118,9 @@ def test_s1_memo_never_keeps_a_digest_for_a_message_edited_while_it_was_encoded(
         def loads_typed(self, data: tuple[str, bytes]) -> Any:
             return SERDE.loads_typed(data)
 
-    memo = EncodingMemo()
+    memo = EncodingMemo(block=block)
     key = ("t", "", "messages")
-    messages = [HumanMessage("q", id="1")]
+    messages = [HumanMessage("q", id="1"), HumanMessage("r", id="2")]
     MessageChain("messages", "1", messages, EditingSerde(), memo=memo, memo_key=key)
     memoized = MessageChain("messages", "2", messages, SERDE, memo=memo, memo_key=key)
     assert memoized.digests == MessageChain("messages", "2", messages, SERDE).digests

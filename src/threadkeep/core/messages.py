@@ -21,6 +21,8 @@ import operator
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
+from itertools import chain as chained
+from itertools import repeat
 from typing import Any, Final
 
 from langchain_core.messages import BaseMessage
@@ -51,7 +53,7 @@ LINK_PAGE: Final = 32
 
 def is_message_list(value: object) -> bool:
     """Whether ``value`` is a non-empty list made only of LangChain messages."""
-    return type(value) is list and bool(value) and all(isinstance(m, BaseMessage) for m in value)
+    return type(value) is list and bool(value) and all(map(isinstance, value, repeat(BaseMessage)))
 
 
 def digest_of(kind: str, payload: bytes) -> bytes:
@@ -65,6 +67,10 @@ def _link(prev: bytes | None, digest: bytes) -> bytes:
 
 # Field values of these types cannot change in place: the same object is the same value.
 _IMMUTABLE: Final = frozenset({str, int, float, bool, bytes, type(None)})
+
+# marshal's format 2 writes no back-references: a rendering does not depend on how many
+# references each object has elsewhere, and takes about half as long as the default's.
+_RENDERING: Final = 2
 
 # What a put saw of one message: its class, its field values (kept alive, so an identity
 # check is sound), which of them could change in place (a getter of those values), and a
@@ -111,7 +117,7 @@ def _see(message: Any) -> _Seen | None:
 def _summary(mutable: Any, message: Any) -> int:
     """A type-exact summary of what of ``message`` can change without a field's object
     changing. Raises ``ValueError`` for a value ``marshal`` cannot render."""
-    rendered = marshal.dumps((mutable, message.__pydantic_extra__))
+    rendered = marshal.dumps((mutable, message.__pydantic_extra__), _RENDERING)
     return hash(rendered) ^ hash(frozenset(message.__pydantic_fields_set__))
 
 
@@ -131,21 +137,93 @@ def _unchanged(seen: _Seen, message: Any, is_: Callable[[Any, Any], bool] = oper
         return False
 
 
+_FIELDS: Final = operator.attrgetter("__dict__")
+_EXTRA: Final = operator.attrgetter("__pydantic_extra__")
+_FIELDS_SET: Final = operator.attrgetter("__pydantic_fields_set__")
+
+
+class _Block:
+    """What a put saw of a run of consecutive messages of a list, taken before any of them
+    was encoded: their classes, every field value (kept alive, so an identity check is
+    sound), a getter of those that could change in place, a type-exact summary of those
+    with the extra fields, and copies of the sets of fields marked set.
+
+    :func:`_block_unchanged` checks a whole block with a few calls that each run over all
+    of its messages, where :func:`_unchanged` checks one message at a time; a list's
+    messages are checked a block at a time wherever the previous put's blocks still fit.
+    """
+
+    __slots__ = ("classes", "fields_set", "mutable", "summary", "values")
+
+    def __init__(
+        self, classes: tuple[type, ...], values: tuple[Any, ...], mutable: Callable[[tuple[Any, ...]], Any]
+    ) -> None:
+        self.classes, self.values, self.mutable = classes, values, mutable
+        self.summary = 0
+        self.fields_set: tuple[frozenset[str], ...] = ()
+
+
+def _block_values(messages: Sequence[Any]) -> tuple[Any, ...]:
+    """Every field value of ``messages``, in order, as one tuple."""
+    return tuple(chained.from_iterable(map(dict.values, map(_FIELDS, messages))))
+
+
+def _block_summary(mutable: Any, messages: Sequence[Any]) -> int:
+    """As :func:`_summary`, for a run of messages, without their sets of fields marked set
+    (``marshal`` sorts a set's elements). Raises ``ValueError`` for a value ``marshal``
+    cannot render."""
+    return hash(marshal.dumps((mutable, tuple(map(_EXTRA, messages))), _RENDERING))
+
+
+def _see_block(messages: Sequence[Any]) -> _Block | None:
+    """What :func:`_block_unchanged` compares ``messages`` with later, or ``None`` when it
+    cannot be taken. Taken before they are encoded, as :func:`_see` is."""
+    try:
+        values = _block_values(messages)
+        block = _Block(tuple(map(type, messages)), values, _mutable_values(values))
+        block.summary = _block_summary(block.mutable(values), messages)
+        block.fields_set = tuple(map(frozenset, map(_FIELDS_SET, messages)))
+    except (ValueError, AttributeError, TypeError):
+        return None
+    return block
+
+
+def _block_unchanged(seen: _Block, messages: Sequence[Any]) -> bool:
+    """Whether ``messages`` are as a previous put saw them: the same classes, every field
+    the very same object, and their containers, extra fields and sets of fields marked set
+    holding the same values."""
+    try:
+        if tuple(map(type, messages)) != seen.classes:
+            return False
+        values = _block_values(messages)
+        return (
+            len(values) == len(seen.values)
+            and all(map(operator.is_, seen.values, values))
+            and tuple(map(_FIELDS_SET, messages)) == seen.fields_set
+            and _block_summary(seen.mutable(seen.values), messages) == seen.summary
+        )
+    except (ValueError, AttributeError, TypeError):
+        return False
+
+
 class _Remembered:
     """What one put of a list saw: ``id -> (what it saw of the object, digest)``, the
-    objects, and the list's digests and link nodes by position.
+    objects, the list's digests and link nodes by position, and what it saw of each whole
+    block of the list (``blocks[i]``: positions ``i * size`` to ``(i + 1) * size``, ``None``
+    where it could not be taken).
 
     ``objects`` keeps every remembered object alive, so an id in ``digests`` can only be
     that object's.
     """
 
-    __slots__ = ("digests", "list_digests", "nodes", "objects")
+    __slots__ = ("blocks", "digests", "list_digests", "nodes", "objects")
 
     def __init__(self) -> None:
         self.digests: dict[int, tuple[_Seen, bytes]] = {}
         self.objects: list[object] = []
         self.list_digests: tuple[bytes, ...] = ()
         self.nodes: tuple[bytes, ...] = ()
+        self.blocks: list[_Block | None] = []
 
 
 _NOTHING = _Remembered()
@@ -158,13 +236,18 @@ class EncodingMemo:
     objects; encoding them all again would be most of a put's cost. For each (thread,
     namespace, channel) the memo keeps the last put's objects and digests; an object seen
     there whose fields are unchanged (same type-exact fingerprint) keeps its digest. Only
-    the ``lists`` most recently put lists are kept, so memory stays bounded.
+    the ``lists`` most recently put lists are kept, so memory stays bounded. Messages are
+    checked ``block`` at a time where the previous put's blocks still fit (a list mostly
+    grows at its end), else one by one.
 
     A memo belongs to one serializer: digests depend on the encoding.
     """
 
-    def __init__(self, lists: int = 128) -> None:
+    def __init__(self, lists: int = 128, block: int = 32) -> None:
+        if block < 1:
+            raise ValueError(f"block must be at least 1, got {block}")
         self.lists = lists
+        self.block = block
         self._lists: OrderedDict[tuple[str, ...], _Remembered] = OrderedDict()
         self._guard = threading.Lock()
 
@@ -284,6 +367,41 @@ class ContentCache:
                 self._bytes -= len(dropped)
 
 
+class _Links:
+    """A list's digests and link nodes, worked out position by position. While the list
+    starts as the previous put's did, its nodes are that put's."""
+
+    __slots__ = ("digests", "nodes", "prev", "previous", "shared")
+
+    def __init__(self, previous: _Remembered, count: int) -> None:
+        self.previous = previous
+        self.digests: list[bytes] = []
+        self.nodes: list[bytes] = []
+        self.prev: bytes | None = None
+        self.shared = min(len(previous.list_digests), count)
+
+    def add(self, position: int, digest: bytes) -> None:
+        if position < self.shared and self.previous.list_digests[position] == digest:
+            self.prev = self.previous.nodes[position]
+        else:
+            self.shared = 0
+            self.prev = _link(self.prev, digest)
+        self.nodes.append(self.prev)
+        self.digests.append(digest)
+
+    def add_previous(self, start: int, end: int) -> None:
+        """The previous put's digests at positions ``start`` to ``end``."""
+        digests = self.previous.list_digests[start:end]
+        self.digests.extend(digests)
+        if self.shared:
+            self.nodes.extend(self.previous.nodes[start:end])
+            self.prev = self.nodes[-1]
+            return
+        for digest in digests:
+            self.prev = _link(self.prev, digest)
+            self.nodes.append(self.prev)
+
+
 class MessageChain:
     """One message list, encoded (reusing what ``memo`` remembers of list ``memo_key``):
     per position its link node and message digest.
@@ -313,20 +431,53 @@ class MessageChain:
         self._serde = serde
         self._payloads: dict[int, tuple[str, bytes]] = {}
         previous = memo.previous(memo_key) if memo is not None else _NOTHING
-        seen_before = previous.digests
         current = _Remembered()
-        nodes: list[bytes] = []
-        digests: list[bytes] = []
-        prev: bytes | None = None
-        # While the list starts as the previous put's did, its link nodes are that put's.
-        shared = min(len(previous.list_digests), len(self._messages))
-        # The loop runs for every message of the list at every put: names are bound once.
-        remembered, objects = current.digests, current.objects
-        previous_digests, previous_nodes = previous.list_digests, previous.nodes
-        lookup, unchanged = seen_before.get, _unchanged
-        for position, message in enumerate(self._messages):
+        count = len(self._messages)
+        links = _Links(previous, count)
+        size = memo.block if memo is not None else max(count, 1)
+        for start in range(0, count, size):
+            block = self._messages[start : start + size]
+            if memo is not None and len(block) == size:
+                if self._reuse_block(block, start // size, previous, current):
+                    links.add_previous(start, start + size)
+                    continue
+                current.blocks.append(_see_block(block))  # before any of them is encoded
+            self._one_by_one(start, block, previous, current, links)
+        self.nodes = tuple(links.nodes)
+        self.digests = tuple(links.digests)
+        if memo is not None:
+            current.list_digests, current.nodes = self.digests, self.nodes
+            memo.keep(memo_key, current)
+        # How many leading messages the memo answered: the previous put of this list sent
+        # them, so they are likely stored (a store that must know checks the last one's link).
+        self.reused = min(self._payloads, default=count)
+
+    @staticmethod
+    def _reuse_block(block: Sequence[Any], index: int, previous: _Remembered, current: _Remembered) -> bool:
+        """Whether block ``index`` is as the previous put saw it; if so, remember its
+        messages as that put did, one by one too (a later put may find the block changed, or
+        its messages at other positions)."""
+        seen = previous.blocks[index] if index < len(previous.blocks) else None
+        if seen is None or not _block_unchanged(seen, block):
+            return False
+        current.objects.extend(block)  # first: every remembered id is of a live object
+        ids = list(map(id, block))
+        try:
+            current.digests.update(zip(ids, map(previous.digests.__getitem__, ids), strict=True))
+        except KeyError:  # never: a block is seen only where each of its messages can be
+            return False
+        current.blocks.append(seen)
+        return True
+
+    def _one_by_one(
+        self, start: int, messages: Sequence[Any], previous: _Remembered, current: _Remembered, links: _Links
+    ) -> None:
+        """Digest ``messages`` (from position ``start``) one at a time: what the memo knows
+        of each unchanged object, else a fresh encoding."""
+        lookup, remembered, objects = previous.digests.get, current.digests, current.objects
+        for position, message in enumerate(messages, start):
             entry = lookup(id(message))
-            if entry is not None and unchanged(entry[0], message):
+            if entry is not None and _unchanged(entry[0], message):
                 digest = entry[1]
                 remembered[id(message)] = entry
                 objects.append(message)
@@ -338,21 +489,7 @@ class MessageChain:
                 if seen is not None:
                     remembered[id(message)] = (seen, digest)
                     objects.append(message)
-            if position < shared and previous_digests[position] == digest:
-                prev = previous_nodes[position]
-            else:
-                shared = 0
-                prev = _link(prev, digest)
-            nodes.append(prev)
-            digests.append(digest)
-        self.nodes = tuple(nodes)
-        self.digests = tuple(digests)
-        if memo is not None:
-            current.list_digests, current.nodes = self.digests, self.nodes
-            memo.keep(memo_key, current)
-        # How many leading messages the memo answered: the previous put of this list sent
-        # them, so they are likely stored (a store that must know checks the last one's link).
-        self.reused = next((i for i in range(len(nodes)) if i in self._payloads), len(nodes))
+            links.add(position, digest)
 
     def known_through(self, tails: frozenset[bytes]) -> None:
         """Count as likely stored every message up to the last of ``tails`` in this list
