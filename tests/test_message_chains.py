@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from langchain_core.messages import AIMessage, HumanMessage
+from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 
 from threadkeep.codec.serde import build_serde
 from threadkeep.core.messages import ContentCache, EncodingMemo, MessageChain, chain_ref, parse_chain_ref
@@ -153,3 +153,45 @@ def test_s1_content_cache_is_bounded_in_bytes() -> None:
     too_big = MessageChain("m", "big", [HumanMessage("y" * 600, id="big")], SERDE)
     cache.keep_chain(too_big)
     assert cache.messages(too_big.tail) is None
+
+
+@BLOCKS
+def test_s1_memo_never_keeps_a_digest_for_an_edit_made_during_the_put_and_undone_after(block: int) -> None:
+    """A node edits a message while the put encodes another one (or that one), and undoes
+    the edit after the put: what the put remembers must not pass for the message as it is
+    again, since the digest stored is of the edited message."""
+    messages = [HumanMessage("a", id="1"), HumanMessage("b", id="2")]
+
+    class EditingSerde:
+        def dumps_typed(self, obj: Any) -> tuple[str, bytes]:
+            messages[1].additional_kwargs["tmp"] = 1  # a node edits message 1 meanwhile
+            return SERDE.dumps_typed(obj)
+
+        def loads_typed(self, data: tuple[str, bytes]) -> Any:
+            return SERDE.loads_typed(data)
+
+    memo = EncodingMemo(block=block)
+    key = ("t", "", "messages")
+    MessageChain("messages", "1", messages, EditingSerde(), memo=memo, memo_key=key)
+    del messages[1].additional_kwargs["tmp"]  # undone, after the put
+    memoized = MessageChain("messages", "2", messages, SERDE, memo=memo, memo_key=key)
+    assert memoized.digests == MessageChain("messages", "2", messages, SERDE).digests
+
+
+def test_s1_memo_block_keeps_each_field_value_with_its_message() -> None:
+    """A block's field values are checked as one run: a value that moves from the end of
+    one message to the start of the next (the same object, as a node may arrange by hand)
+    must not pass."""
+    status = "success"
+    messages: list[Any] = [
+        ToolMessage("a", tool_call_id="c1", id="1", status=status),
+        HumanMessage(status, id="2"),
+    ]
+    memo = EncodingMemo(block=2)
+    key = ("t", "", "messages")
+    MessageChain("messages", "1", messages, SERDE, memo=memo, memo_key=key)
+    del messages[0].__dict__["status"]
+    messages[1].__dict__ = {"extra_first": status, **messages[1].__dict__}
+    memoized = MessageChain("messages", "2", messages, SERDE, memo=memo, memo_key=key)
+    fresh = MessageChain("messages", "2", messages, SERDE)
+    assert memoized.digests == fresh.digests

@@ -153,19 +153,21 @@ class _Block:
     messages are checked a block at a time wherever the previous put's blocks still fit.
     """
 
-    __slots__ = ("classes", "fields_set", "mutable", "summary", "values")
+    __slots__ = ("classes", "fields_set", "mutable", "sizes", "summary", "values")
 
-    def __init__(
-        self, classes: tuple[type, ...], values: tuple[Any, ...], mutable: Callable[[tuple[Any, ...]], Any]
-    ) -> None:
-        self.classes, self.values, self.mutable = classes, values, mutable
-        self.summary = 0
-        self.fields_set: tuple[frozenset[str], ...] = ()
+    def __init__(self, messages: Sequence[Any]) -> None:
+        self.classes = tuple(map(type, messages))
+        self.sizes, self.values = _block_fields(messages)
+        self.mutable = _mutable_values(self.values)
+        self.summary = _block_summary(self.mutable(self.values), messages)
+        self.fields_set = tuple(map(frozenset, map(_FIELDS_SET, messages)))
 
 
-def _block_values(messages: Sequence[Any]) -> tuple[Any, ...]:
-    """Every field value of ``messages``, in order, as one tuple."""
-    return tuple(chained.from_iterable(map(dict.values, map(_FIELDS, messages))))
+def _block_fields(messages: Sequence[Any]) -> tuple[tuple[int, ...], tuple[Any, ...]]:
+    """How many fields each of ``messages`` has, and every field value, in order, as one
+    tuple (the counts keep a value from passing for the next message's)."""
+    fields = list(map(_FIELDS, messages))
+    return tuple(map(len, fields)), tuple(chained.from_iterable(map(dict.values, fields)))
 
 
 def _block_summary(mutable: Any, messages: Sequence[Any]) -> int:
@@ -179,13 +181,9 @@ def _see_block(messages: Sequence[Any]) -> _Block | None:
     """What :func:`_block_unchanged` compares ``messages`` with later, or ``None`` when it
     cannot be taken. Taken before they are encoded, as :func:`_see` is."""
     try:
-        values = _block_values(messages)
-        block = _Block(tuple(map(type, messages)), values, _mutable_values(values))
-        block.summary = _block_summary(block.mutable(values), messages)
-        block.fields_set = tuple(map(frozenset, map(_FIELDS_SET, messages)))
+        return _Block(messages)
     except (ValueError, AttributeError, TypeError):
         return None
-    return block
 
 
 def _block_unchanged(seen: _Block, messages: Sequence[Any]) -> bool:
@@ -195,9 +193,9 @@ def _block_unchanged(seen: _Block, messages: Sequence[Any]) -> bool:
     try:
         if tuple(map(type, messages)) != seen.classes:
             return False
-        values = _block_values(messages)
+        sizes, values = _block_fields(messages)
         return (
-            len(values) == len(seen.values)
+            sizes == seen.sizes
             and all(map(operator.is_, seen.values, values))
             and tuple(map(_FIELDS_SET, messages)) == seen.fields_set
             and _block_summary(seen.mutable(seen.values), messages) == seen.summary
@@ -441,7 +439,15 @@ class MessageChain:
                 if self._reuse_block(block, start // size, previous, current):
                     links.add_previous(start, start + size)
                     continue
-                current.blocks.append(_see_block(block))  # before any of them is encoded
+                seen = _see_block(block)  # before any of them is encoded
+                whole = self._one_by_one(start, block, previous, current, links)
+                # Kept only if every message is remembered and the block is still as seen:
+                # a message edited meanwhile (even one encoded after the edit) must not pass
+                # for what was seen, should the edit be undone later.
+                current.blocks.append(
+                    seen if whole and seen is not None and _block_unchanged(seen, block) else None
+                )
+                continue
             self._one_by_one(start, block, previous, current, links)
         self.nodes = tuple(links.nodes)
         self.digests = tuple(links.digests)
@@ -464,16 +470,18 @@ class MessageChain:
         ids = list(map(id, block))
         try:
             current.digests.update(zip(ids, map(previous.digests.__getitem__, ids), strict=True))
-        except KeyError:  # never: a block is seen only where each of its messages can be
+        except KeyError:  # never: a block is kept only where each of its messages is
             return False
         current.blocks.append(seen)
         return True
 
     def _one_by_one(
         self, start: int, messages: Sequence[Any], previous: _Remembered, current: _Remembered, links: _Links
-    ) -> None:
+    ) -> bool:
         """Digest ``messages`` (from position ``start``) one at a time: what the memo knows
-        of each unchanged object, else a fresh encoding."""
+        of each unchanged object, else a fresh encoding. Whether every one of them is
+        remembered (none is edited while it is encoded, and each can be seen)."""
+        whole = True
         lookup, remembered, objects = previous.digests.get, current.digests, current.objects
         for position, message in enumerate(messages, start):
             entry = lookup(id(message))
@@ -486,10 +494,13 @@ class MessageChain:
                 kind, payload = self._encode(position)
                 digest = digest_of(kind, payload)
                 self._payloads[position] = (kind, payload)
-                if seen is not None:
+                if seen is not None and _unchanged(seen, message):  # not edited while encoded
                     remembered[id(message)] = (seen, digest)
                     objects.append(message)
+                else:
+                    whole = False
             links.add(position, digest)
+        return whole
 
     def known_through(self, tails: frozenset[bytes]) -> None:
         """Count as likely stored every message up to the last of ``tails`` in this list
