@@ -195,3 +195,41 @@ def test_s1_memo_block_keeps_each_field_value_with_its_message() -> None:
     memoized = MessageChain("messages", "2", messages, SERDE, memo=memo, memo_key=key)
     fresh = MessageChain("messages", "2", messages, SERDE)
     assert memoized.digests == fresh.digests
+
+
+@BLOCKS
+@pytest.mark.parametrize(
+    ("before", "after"),
+    [
+        (b"x", bytearray(b"x")),  # marshal renders both as the same bytes
+        (bytearray(b"x"), b"x"),
+        ({1, 9}, None),  # the same set, its elements in another order (1 and 9 share a slot)
+    ],
+    ids=["bytes-to-bytearray", "bytearray-to-bytes", "set-reordered"],
+)
+def test_s1_memo_never_keeps_a_digest_marshal_cannot_tell_from_an_edit(
+    block: int, before: Any, after: Any
+) -> None:
+    """``marshal`` renders a ``bytearray`` as the equal ``bytes`` would, and a set's elements
+    sorted, where the codec keeps both the type and the order: a message holding either is
+    encoded on every put, so an edit only ``marshal`` cannot see still reaches the store."""
+    memo = EncodingMemo(block=block)
+    key = ("t", "", "messages")
+    messages = [HumanMessage("q", id="1"), AIMessage("a", id="2", additional_kwargs={"v": before})]
+
+    def check(version: str) -> None:
+        memoized = MessageChain("messages", version, messages, SERDE, memo=memo, memo_key=key)
+        fresh = MessageChain("messages", version, messages, SERDE)
+        assert (memoized.nodes, memoized.digests) == (fresh.nodes, fresh.digests)
+
+    check("1")
+    check("2")
+    value = messages[1].additional_kwargs["v"]
+    if after is None:  # rebuild the set in place: the element inserted first takes the slot
+        order = list(value)
+        value.clear()
+        value.update(reversed(order))
+        assert list(value) == order[::-1]
+    else:
+        messages[1].additional_kwargs["v"] = after
+    check("3")

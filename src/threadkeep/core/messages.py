@@ -25,6 +25,7 @@ from itertools import chain as chained
 from itertools import repeat
 from typing import Any, Final
 
+import orjson
 from langchain_core.messages import BaseMessage
 from langgraph.checkpoint.serde.base import SerializerProtocol
 
@@ -99,9 +100,10 @@ def _see(message: Any) -> _Seen | None:
     A message's large fields (its content, mostly) are immutable strings: they are compared
     by identity, in constant time. Containers, which a node may edit in place, are summed up
     with ``marshal``, which renders builtin values exactly (a tuple is not a list, ``-0.0``
-    is not ``0.0``) and refuses everything else, so a message holding other types is never
-    memoized. The summary includes the extra fields and the set of fields marked set, which
-    the encoding depends on too (assigning a field its own value marks it set).
+    is not ``0.0``) but for buffers and sets, and refuses everything else; a message whose
+    containers hold those types is never memoized (:func:`_exactly_rendered`). The summary
+    includes the extra fields and the set of fields marked set, which the encoding depends
+    on too (assigning a field its own value marks it set).
 
     Taken before the message is encoded: a message edited while it is encoded then differs
     from what was seen, and is encoded again by the next put.
@@ -109,9 +111,24 @@ def _see(message: Any) -> _Seen | None:
     try:
         values = tuple(message.__dict__.values())
         mutable = _mutable_values(values)
-        return type(message), values, mutable, _summary(mutable(values), message)
-    except (ValueError, AttributeError):
+        summary = _summary(mutable(values), message)
+        _exactly_rendered((mutable(values), message.__pydantic_extra__))
+        return type(message), values, mutable, summary
+    except (ValueError, AttributeError, TypeError):
         return None
+
+
+def _exactly_rendered(values: Any) -> None:
+    """Raise ``TypeError`` if ``values`` hold what ``marshal`` renders inexactly: a buffer
+    other than ``bytes`` (a ``bytearray`` renders as the same bytes would) or a set (whose
+    elements it sorts, where an encoding keeps their order); ``bytes`` go with them, since
+    a ``bytes`` swapped in place for an equal ``bytearray`` would then pass for itself.
+
+    ``orjson`` refuses exactly those (and some other values, which are then just not
+    memoized) in one pass in C. Checked when a message is first seen: a later rendering
+    equal to that one holds values of the same types, so none of them either.
+    """
+    orjson.dumps(values, option=orjson.OPT_NON_STR_KEYS)
 
 
 def _summary(mutable: Any, message: Any) -> int:
@@ -160,6 +177,7 @@ class _Block:
         self.sizes, self.values = _block_fields(messages)
         self.mutable = _mutable_values(self.values)
         self.summary = _block_summary(self.mutable(self.values), messages)
+        _exactly_rendered((self.mutable(self.values), tuple(map(_EXTRA, messages))))
         self.fields_set = tuple(map(frozenset, map(_FIELDS_SET, messages)))
 
 
