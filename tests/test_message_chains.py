@@ -233,3 +233,69 @@ def test_s1_memo_never_keeps_a_digest_marshal_cannot_tell_from_an_edit(
     else:
         messages[1].additional_kwargs["v"] = after
     check("3")
+
+
+def _conversation(count: int) -> list[Any]:
+    messages: list[Any] = []
+    for i in range(count):
+        if i % 2:
+            call = {"name": "f", "args": {"x": i}, "id": f"c{i}", "type": "tool_call"}
+            messages.append(AIMessage(f"a{i}", id=f"m{i}", tool_calls=[call]))
+        else:
+            messages.append(HumanMessage(f"q{i}", id=f"m{i}"))
+    return messages
+
+
+@BLOCKS
+def test_s1_memo_adopts_a_list_decoded_from_what_the_last_put_wrote(block: int) -> None:
+    """A graph goes on from the state it loaded: the decoded objects, not the ones it put.
+    Adopted, they are not encoded again, give the digests a fresh encoding gives, and a
+    message the store turns out to lack is written as it was read."""
+    memo = EncodingMemo(block=block)
+    key = ("t", "", "messages")
+    put = MessageChain("messages", "1", _conversation(70), SERDE, memo=memo, memo_key=key)
+    stored = [put.payload(i) for i in range(70)]
+    decoded = [SERDE.loads_typed(form) for form in stored]
+    memo.adopt(key, put.tail, decoded, stored)
+
+    decoded.append(HumanMessage("next", id="n"))
+    again = MessageChain("messages", "2", decoded, SERDE, memo=memo, memo_key=key)
+    assert [position for position, _ in again.encoded()] == [70]
+    fresh = MessageChain("messages", "2", decoded, SERDE)
+    assert (again.nodes, again.digests) == (fresh.nodes, fresh.digests)
+    assert all(again.payload(i) is stored[i] for i in range(70))
+
+
+@BLOCKS
+def test_s1_memo_sees_an_edit_to_an_adopted_message(block: int) -> None:
+    memo = EncodingMemo(block=block)
+    key = ("t", "", "messages")
+    put = MessageChain("messages", "1", _conversation(70), SERDE, memo=memo, memo_key=key)
+    stored = [put.payload(i) for i in range(70)]
+    decoded = [SERDE.loads_typed(form) for form in stored]
+    memo.adopt(key, put.tail, decoded, stored)
+
+    decoded[3].tool_calls[0]["args"]["x"] = 3.0  # the same JSON number, another type
+    decoded[40].content = "edited"
+    again = MessageChain("messages", "2", decoded, SERDE, memo=memo, memo_key=key)
+    assert [position for position, _ in again.encoded()] == [3, 40]
+    fresh = MessageChain("messages", "2", decoded, SERDE)
+    assert (again.nodes, again.digests) == (fresh.nodes, fresh.digests)
+
+
+def test_s1_memo_adopts_only_the_list_its_last_put_wrote() -> None:
+    """Objects read from a list this process did not write last (another writer's, or
+    before this process put anything) are encoded by the next put, as before."""
+    key = ("t", "", "messages")
+    written = MessageChain("messages", "1", _conversation(10), SERDE)
+    stored = [written.payload(i) for i in range(10)]
+    unknown = EncodingMemo()  # has put nothing
+    decoded = [SERDE.loads_typed(form) for form in stored]
+    unknown.adopt(key, written.tail, decoded, stored)
+    assert len(MessageChain("messages", "2", decoded, SERDE, memo=unknown, memo_key=key).encoded()) == 10
+
+    other = EncodingMemo()  # last put another list under the key
+    MessageChain("messages", "1", _conversation(9), SERDE, memo=other, memo_key=key)
+    decoded = [SERDE.loads_typed(form) for form in stored]
+    other.adopt(key, written.tail, decoded, stored)
+    assert len(MessageChain("messages", "2", decoded, SERDE, memo=other, memo_key=key).encoded()) == 10

@@ -15,6 +15,7 @@ which lets a writer find the new links of a list by probing from its tail.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import marshal
 import operator
@@ -77,6 +78,9 @@ _RENDERING: Final = 2
 # check is sound), which of them could change in place (a getter of those values), and a
 # type-exact summary of those.
 _Seen = tuple[type, tuple[Any, ...], Callable[[tuple[Any, ...]], Any], int]
+# What the memo keeps of one object: what was seen of it, its digest, and, for an object
+# decoded from the store (:meth:`EncodingMemo.adopt`), the stored form that digest is of.
+_Entry = tuple[_Seen, bytes, "tuple[str, bytes] | None"]
 
 
 def _no_values(values: tuple[Any, ...]) -> tuple[()]:
@@ -85,7 +89,14 @@ def _no_values(values: tuple[Any, ...]) -> tuple[()]:
 
 def _mutable_values(values: tuple[Any, ...]) -> Callable[[tuple[Any, ...]], Any]:
     """A getter of the ``values`` that could change in place (containers), as one tuple."""
-    at = [i for i, value in enumerate(values) if type(value) not in _IMMUTABLE]
+    return _getter(tuple([i for i, value in enumerate(values) if type(value) not in _IMMUTABLE]))
+
+
+@functools.lru_cache(maxsize=1024)
+def _getter(at: tuple[int, ...]) -> Callable[[tuple[Any, ...]], Any]:
+    """The getter of the values at positions ``at``: one per set of positions, shared by
+    every message (and block) with its containers there, so what the memo keeps of each
+    message does not hold an object of its own for it."""
     if not at:
         return _no_values
     if len(at) == 1:
@@ -178,7 +189,22 @@ class _Block:
         self.mutable = _mutable_values(self.values)
         self.summary = _block_summary(self.mutable(self.values), messages)
         _exactly_rendered((self.mutable(self.values), tuple(map(_EXTRA, messages))))
-        self.fields_set = tuple(map(frozenset, map(_FIELDS_SET, messages)))
+        self.fields_set = tuple(map(_shared, map(frozenset, map(_FIELDS_SET, messages))))
+
+
+# One instance of each set of field names the memo keeps (a thread's messages have a
+# handful), so a block does not hold a set of its own per message; bounded, past which a
+# set is kept as it is.
+_FIELD_SETS: dict[frozenset[str], frozenset[str]] = {}
+
+
+def _shared(names: frozenset[str]) -> frozenset[str]:
+    shared = _FIELD_SETS.get(names)
+    if shared is not None:
+        return shared
+    if len(_FIELD_SETS) < 4096:
+        _FIELD_SETS[names] = names
+    return names
 
 
 def _block_fields(messages: Sequence[Any]) -> tuple[tuple[int, ...], tuple[Any, ...]]:
@@ -235,7 +261,7 @@ class _Remembered:
     __slots__ = ("blocks", "digests", "list_digests", "nodes", "objects")
 
     def __init__(self) -> None:
-        self.digests: dict[int, tuple[_Seen, bytes]] = {}
+        self.digests: dict[int, _Entry] = {}
         self.objects: list[object] = []
         self.list_digests: tuple[bytes, ...] = ()
         self.nodes: tuple[bytes, ...] = ()
@@ -271,6 +297,32 @@ class EncodingMemo:
         """What the last put of list ``key`` encoded."""
         with self._guard:
             return self._lists.get(key, _NOTHING)
+
+    def adopt(
+        self, key: tuple[str, ...], tail: bytes, objects: Sequence[Any], stored: Sequence[tuple[str, bytes]]
+    ) -> None:
+        """Remember the message ``objects`` just decoded from ``stored``, the list ending at
+        ``tail``, as list ``key``'s, if the last put of ``key`` in this process wrote that
+        very list: the digests are that put's, and a graph that goes on from this state
+        puts these objects next, which then need not be encoded again.
+
+        Each object is seen now, before anyone can edit it, and keeps its stored form: should
+        the store turn out to lack it, what is written is what was read, not a new encoding.
+        A list this process did not write last (a new process, another writer) is left
+        alone: its objects are encoded by the next put, as before.
+        """
+        previous = self.previous(key)
+        if not previous.nodes or previous.nodes[-1] != tail or len(previous.list_digests) != len(objects):
+            return
+        current = _Remembered()
+        remembered, kept = current.digests, current.objects
+        for obj, digest, form in zip(objects, previous.list_digests, stored, strict=True):
+            seen = _see(obj)
+            if seen is not None:
+                remembered[id(obj)] = (seen, digest, form)
+                kept.append(obj)
+        current.list_digests, current.nodes = previous.list_digests, previous.nodes
+        self.keep(key, current)
 
     def keep(self, key: tuple[str, ...], remembered: _Remembered) -> None:
         """Remember what this put of list ``key`` encoded, forgetting the oldest lists."""
@@ -429,7 +481,17 @@ class MessageChain:
     only if the store turns out not to hold it (:meth:`payload`).
     """
 
-    __slots__ = ("_messages", "_payloads", "_serde", "channel", "digests", "nodes", "reused", "version")
+    __slots__ = (
+        "_messages",
+        "_payloads",
+        "_remembered",
+        "_serde",
+        "channel",
+        "digests",
+        "nodes",
+        "reused",
+        "version",
+    )
 
     def __init__(
         self,
@@ -448,6 +510,7 @@ class MessageChain:
         self._payloads: dict[int, tuple[str, bytes]] = {}
         previous = memo.previous(memo_key) if memo is not None else _NOTHING
         current = _Remembered()
+        self._remembered = current
         count = len(self._messages)
         links = _Links(previous, count)
         size = memo.block if memo is not None else max(count, 1)
@@ -513,7 +576,7 @@ class MessageChain:
                 digest = digest_of(kind, payload)
                 self._payloads[position] = (kind, payload)
                 if seen is not None and _unchanged(seen, message):  # not edited while encoded
-                    remembered[id(message)] = (seen, digest)
+                    remembered[id(message)] = (seen, digest, None)
                     objects.append(message)
                 else:
                     whole = False
@@ -539,6 +602,7 @@ class MessageChain:
         chain._messages = ()
         chain._serde = None  # type: ignore[assignment]  # every payload is at hand
         chain._payloads = dict(enumerate(payloads))
+        chain._remembered = _NOTHING
         nodes: list[bytes] = []
         digests: list[bytes] = []
         prev: bytes | None = None
@@ -571,9 +635,14 @@ class MessageChain:
         return list(self._payloads.items())
 
     def payload(self, position: int) -> tuple[str, bytes]:
-        """The stored form of the message at ``position``."""
+        """The stored form of the message at ``position``: the one it was read from if it
+        was decoded from the store (its digest is of those bytes), else its encoding."""
         if position not in self._payloads:
-            self._payloads[position] = self._encode(position)
+            entry = self._remembered.digests.get(id(self._messages[position]))
+            if entry is not None and entry[2] is not None and entry[1] == self.digests[position]:
+                self._payloads[position] = entry[2]
+            else:
+                self._payloads[position] = self._encode(position)
         return self._payloads[position]
 
 
