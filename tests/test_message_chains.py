@@ -299,3 +299,20 @@ def test_s1_memo_adopts_only_the_list_its_last_put_wrote() -> None:
     decoded = [SERDE.loads_typed(form) for form in stored]
     other.adopt(key, written.tail, decoded, stored)
     assert len(MessageChain("messages", "2", decoded, SERDE, memo=other, memo_key=key).encoded()) == 10
+
+
+def test_s1_memo_keeps_the_last_puts_objects_beside_adopted_ones() -> None:
+    """Another caller reading the state (a status endpoint) while a run goes on from its
+    own objects does not cost the run its memo; reads between puts do not pile up."""
+    memo = EncodingMemo()
+    key = ("t", "", "messages")
+    messages = _conversation(40)
+    put = MessageChain("messages", "1", messages, SERDE, memo=memo, memo_key=key)
+    stored = [put.payload(i) for i in range(40)]
+    for _ in range(3):
+        memo.adopt(key, put.tail, [SERDE.loads_typed(form) for form in stored], stored)
+    assert len(memo.previous(key).objects) == 80
+
+    messages.append(HumanMessage("next", id="n"))
+    again = MessageChain("messages", "2", messages, SERDE, memo=memo, memo_key=key)
+    assert [position for position, _ in again.encoded()] == [40]

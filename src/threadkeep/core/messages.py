@@ -255,17 +255,19 @@ class _Remembered:
     where it could not be taken).
 
     ``objects`` keeps every remembered object alive, so an id in ``digests`` can only be
-    that object's.
+    that object's. ``put`` is what the last put itself remembered: this, or, after a read
+    adopted decoded objects (:meth:`EncodingMemo.adopt`), what those were added to.
     """
 
-    __slots__ = ("blocks", "digests", "list_digests", "nodes", "objects")
+    __slots__ = ("blocks", "digests", "list_digests", "nodes", "objects", "put")
 
-    def __init__(self) -> None:
-        self.digests: dict[int, _Entry] = {}
-        self.objects: list[object] = []
-        self.list_digests: tuple[bytes, ...] = ()
-        self.nodes: tuple[bytes, ...] = ()
-        self.blocks: list[_Block | None] = []
+    def __init__(self, put: _Remembered | None = None) -> None:
+        self.digests: dict[int, _Entry] = {} if put is None else dict(put.digests)
+        self.objects: list[object] = [] if put is None else list(put.objects)
+        self.list_digests: tuple[bytes, ...] = () if put is None else put.list_digests
+        self.nodes: tuple[bytes, ...] = () if put is None else put.nodes
+        self.blocks: list[_Block | None] = [] if put is None else list(put.blocks)
+        self.put: _Remembered = self if put is None else put
 
 
 _NOTHING = _Remembered()
@@ -309,19 +311,21 @@ class EncodingMemo:
         Each object is seen now, before anyone can edit it, and keeps its stored form: should
         the store turn out to lack it, what is written is what was read, not a new encoding.
         A list this process did not write last (a new process, another writer) is left
-        alone: its objects are encoded by the next put, as before.
+        alone: its objects are encoded by the next put, as before. The last put's own objects
+        stay remembered beside the adopted ones (a run that goes on from its own objects,
+        while another caller reads its state, keeps its memo), and a later read's adopted
+        objects replace these, so reads between puts do not pile up.
         """
-        previous = self.previous(key)
-        if not previous.nodes or previous.nodes[-1] != tail or len(previous.list_digests) != len(objects):
+        put = self.previous(key).put
+        if not put.nodes or put.nodes[-1] != tail or len(put.list_digests) != len(objects):
             return
-        current = _Remembered()
+        current = _Remembered(put)
         remembered, kept = current.digests, current.objects
-        for obj, digest, form in zip(objects, previous.list_digests, stored, strict=True):
+        for obj, digest, form in zip(objects, put.list_digests, stored, strict=True):
             seen = _see(obj)
             if seen is not None:
                 remembered[id(obj)] = (seen, digest, form)
                 kept.append(obj)
-        current.list_digests, current.nodes = previous.list_digests, previous.nodes
         self.keep(key, current)
 
     def keep(self, key: tuple[str, ...], remembered: _Remembered) -> None:
