@@ -256,10 +256,11 @@ class _Remembered:
 
     ``objects`` keeps every remembered object alive, so an id in ``digests`` can only be
     that object's. ``put`` is what the last put itself remembered: this, or, after a read
-    adopted decoded objects (:meth:`EncodingMemo.adopt`), what those were added to.
+    adopted decoded objects (:meth:`EncodingMemo.adopt`), what those were added to;
+    ``read`` is what the latest read adopted (id, entry, object).
     """
 
-    __slots__ = ("blocks", "digests", "list_digests", "nodes", "objects", "put")
+    __slots__ = ("blocks", "digests", "list_digests", "nodes", "objects", "put", "read")
 
     def __init__(self, put: _Remembered | None = None) -> None:
         self.digests: dict[int, _Entry] = {} if put is None else dict(put.digests)
@@ -268,6 +269,7 @@ class _Remembered:
         self.nodes: tuple[bytes, ...] = () if put is None else put.nodes
         self.blocks: list[_Block | None] = [] if put is None else list(put.blocks)
         self.put: _Remembered = self if put is None else put
+        self.read: list[tuple[int, _Entry, object]] = []
 
 
 _NOTHING = _Remembered()
@@ -303,29 +305,40 @@ class EncodingMemo:
     def adopt(
         self, key: tuple[str, ...], tail: bytes, objects: Sequence[Any], stored: Sequence[tuple[str, bytes]]
     ) -> None:
-        """Remember the message ``objects`` just decoded from ``stored``, the list ending at
-        ``tail``, as list ``key``'s, if the last put of ``key`` in this process wrote that
-        very list: the digests are that put's, and a graph that goes on from this state
+        """Remember the message ``objects`` just decoded from ``stored`` (the list ending at
+        ``tail``; the caller must not have touched them) as list ``key``'s, if the last put
+        of ``key`` in this process wrote that very list: a graph that goes on from this state
         puts these objects next, which then need not be encoded again.
 
-        Each object is seen now, before anyone can edit it, and keeps its stored form: should
-        the store turn out to lack it, what is written is what was read, not a new encoding.
-        A list this process did not write last (a new process, another writer) is left
-        alone: its objects are encoded by the next put, as before. The last put's own objects
-        stay remembered beside the adopted ones (a run that goes on from its own objects,
-        while another caller reads its state, keeps its memo), and a later read's adopted
-        objects replace these, so reads between puts do not pile up.
+        Each object is seen now, before anyone can edit it, and keeps that put's digest and
+        the stored form it was decoded from: the digest is of those bytes, which decode to
+        the object, and should the store turn out to lack the message, they are what is
+        written. (Re-encoding a decoded object need not give the same bytes, so the digest
+        may differ from a fresh encoding's; what is stored is the same message either way,
+        and stored once.) A list this process did not write last (a new process, another
+        writer) is left alone: its objects are encoded by the next put, as before.
+
+        The last put's own objects stay remembered, and so do the previous read's (a run
+        going on from its own objects, or from the state it read, while another caller
+        reads the state, keeps its memo); older reads' are forgotten, so reads between
+        puts do not pile up.
         """
-        put = self.previous(key).put
+        previous = self.previous(key)
+        put = previous.put
         if not put.nodes or put.nodes[-1] != tail or len(put.list_digests) != len(objects):
             return
         current = _Remembered(put)
         remembered, kept = current.digests, current.objects
+        for ident, entry, obj in previous.read:
+            remembered[ident] = entry
+            kept.append(obj)
         for obj, digest, form in zip(objects, put.list_digests, stored, strict=True):
             seen = _see(obj)
             if seen is not None:
-                remembered[id(obj)] = (seen, digest, form)
+                entry = (seen, digest, form)
+                remembered[id(obj)] = entry
                 kept.append(obj)
+                current.read.append((id(obj), entry, obj))
         self.keep(key, current)
 
     def keep(self, key: tuple[str, ...], remembered: _Remembered) -> None:
