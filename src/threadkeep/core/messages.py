@@ -78,9 +78,6 @@ _RENDERING: Final = 2
 # check is sound), which of them could change in place (a getter of those values), and a
 # type-exact summary of those.
 _Seen = tuple[type, tuple[Any, ...], Callable[[tuple[Any, ...]], Any], int]
-# What the memo keeps of one object: what was seen of it, its digest, and, for an object
-# decoded from the store (:meth:`EncodingMemo.adopt`), the stored form that digest is of.
-_Entry = tuple[_Seen, bytes, "tuple[str, bytes] | None"]
 
 
 def _no_values(values: tuple[Any, ...]) -> tuple[()]:
@@ -255,21 +252,17 @@ class _Remembered:
     where it could not be taken).
 
     ``objects`` keeps every remembered object alive, so an id in ``digests`` can only be
-    that object's. ``put`` is what the last put itself remembered: this, or, after a read
-    adopted decoded objects (:meth:`EncodingMemo.adopt`), what those were added to;
-    ``read`` is what the latest read adopted (id, entry, object).
+    that object's.
     """
 
-    __slots__ = ("blocks", "digests", "list_digests", "nodes", "objects", "put", "read")
+    __slots__ = ("blocks", "digests", "list_digests", "nodes", "objects")
 
-    def __init__(self, put: _Remembered | None = None) -> None:
-        self.digests: dict[int, _Entry] = {} if put is None else dict(put.digests)
-        self.objects: list[object] = [] if put is None else list(put.objects)
-        self.list_digests: tuple[bytes, ...] = () if put is None else put.list_digests
-        self.nodes: tuple[bytes, ...] = () if put is None else put.nodes
-        self.blocks: list[_Block | None] = [] if put is None else list(put.blocks)
-        self.put: _Remembered = self if put is None else put
-        self.read: list[tuple[int, _Entry, object]] = []
+    def __init__(self) -> None:
+        self.digests: dict[int, tuple[_Seen, bytes]] = {}
+        self.objects: list[object] = []
+        self.list_digests: tuple[bytes, ...] = ()
+        self.nodes: tuple[bytes, ...] = ()
+        self.blocks: list[_Block | None] = []
 
 
 _NOTHING = _Remembered()
@@ -301,45 +294,6 @@ class EncodingMemo:
         """What the last put of list ``key`` encoded."""
         with self._guard:
             return self._lists.get(key, _NOTHING)
-
-    def adopt(
-        self, key: tuple[str, ...], tail: bytes, objects: Sequence[Any], stored: Sequence[tuple[str, bytes]]
-    ) -> None:
-        """Remember the message ``objects`` just decoded from ``stored`` (the list ending at
-        ``tail``; the caller must not have touched them) as list ``key``'s, if the last put
-        of ``key`` in this process wrote that very list: a graph that goes on from this state
-        puts these objects next, which then need not be encoded again.
-
-        Each object is seen now, before anyone can edit it, and keeps that put's digest and
-        the stored form it was decoded from: the digest is of those bytes, which decode to
-        the object, and should the store turn out to lack the message, they are what is
-        written. (Re-encoding a decoded object need not give the same bytes, so the digest
-        may differ from a fresh encoding's; what is stored is the same message either way,
-        and stored once.) A list this process did not write last (a new process, another
-        writer) is left alone: its objects are encoded by the next put, as before.
-
-        The last put's own objects stay remembered, and so do the previous read's (a run
-        going on from its own objects, or from the state it read, while another caller
-        reads the state, keeps its memo); older reads' are forgotten, so reads between
-        puts do not pile up.
-        """
-        previous = self.previous(key)
-        put = previous.put
-        if not put.nodes or put.nodes[-1] != tail or len(put.list_digests) != len(objects):
-            return
-        current = _Remembered(put)
-        remembered, kept = current.digests, current.objects
-        for ident, entry, obj in previous.read:
-            remembered[ident] = entry
-            kept.append(obj)
-        for obj, digest, form in zip(objects, put.list_digests, stored, strict=True):
-            seen = _see(obj)
-            if seen is not None:
-                entry = (seen, digest, form)
-                remembered[id(obj)] = entry
-                kept.append(obj)
-                current.read.append((id(obj), entry, obj))
-        self.keep(key, current)
 
     def keep(self, key: tuple[str, ...], remembered: _Remembered) -> None:
         """Remember what this put of list ``key`` encoded, forgetting the oldest lists."""
@@ -498,17 +452,7 @@ class MessageChain:
     only if the store turns out not to hold it (:meth:`payload`).
     """
 
-    __slots__ = (
-        "_messages",
-        "_payloads",
-        "_remembered",
-        "_serde",
-        "channel",
-        "digests",
-        "nodes",
-        "reused",
-        "version",
-    )
+    __slots__ = ("_messages", "_payloads", "_serde", "channel", "digests", "nodes", "reused", "version")
 
     def __init__(
         self,
@@ -527,7 +471,6 @@ class MessageChain:
         self._payloads: dict[int, tuple[str, bytes]] = {}
         previous = memo.previous(memo_key) if memo is not None else _NOTHING
         current = _Remembered()
-        self._remembered = current
         count = len(self._messages)
         links = _Links(previous, count)
         size = memo.block if memo is not None else max(count, 1)
@@ -593,7 +536,7 @@ class MessageChain:
                 digest = digest_of(kind, payload)
                 self._payloads[position] = (kind, payload)
                 if seen is not None and _unchanged(seen, message):  # not edited while encoded
-                    remembered[id(message)] = (seen, digest, None)
+                    remembered[id(message)] = (seen, digest)
                     objects.append(message)
                 else:
                     whole = False
@@ -619,7 +562,6 @@ class MessageChain:
         chain._messages = ()
         chain._serde = None  # type: ignore[assignment]  # every payload is at hand
         chain._payloads = dict(enumerate(payloads))
-        chain._remembered = _NOTHING
         nodes: list[bytes] = []
         digests: list[bytes] = []
         prev: bytes | None = None
@@ -652,14 +594,9 @@ class MessageChain:
         return list(self._payloads.items())
 
     def payload(self, position: int) -> tuple[str, bytes]:
-        """The stored form of the message at ``position``: the one it was read from if it
-        was decoded from the store (its digest is of those bytes), else its encoding."""
+        """The stored form of the message at ``position``."""
         if position not in self._payloads:
-            entry = self._remembered.digests.get(id(self._messages[position]))
-            if entry is not None and entry[2] is not None and entry[1] == self.digests[position]:
-                self._payloads[position] = entry[2]
-            else:
-                self._payloads[position] = self._encode(position)
+            self._payloads[position] = self._encode(position)
         return self._payloads[position]
 
 
