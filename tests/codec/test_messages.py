@@ -53,6 +53,19 @@ MESSAGES = st.one_of(
         status=st.sampled_from(["success", "error"]),
         artifact=st.none() | JSONISH,
     ),
+    st.builds(  # usage_metadata given, tool calls given or not (as a model's reply)
+        lambda content, id_, calls, used, made: AIMessage(
+            content=content,
+            id=id_,
+            usage_metadata={"input_tokens": used, "output_tokens": made, "total_tokens": used + made},
+            **({} if calls is None else {"tool_calls": calls}),
+        ),
+        CONTENT,
+        IDS,
+        st.none() | TOOL_CALLS,
+        st.integers(0, 10**6),
+        st.integers(0, 10**6),
+    ),
     st.builds(
         lambda extra: AIMessage(content="with extra", **extra),
         st.dictionaries(st.sampled_from(["foo", "bar"]), JSONISH, min_size=1),
@@ -70,6 +83,18 @@ def test_c1_messages_round_trip_with_fields_types_and_set_marks(message: Any) ->
         name for name in ("tool_calls", "invalid_tool_calls") if name in type(message).model_fields
     }
     assert back.__pydantic_extra__ == message.__pydantic_extra__
+
+
+@hypothesis_settings(max_examples=300, deadline=None)
+@given(MESSAGES)
+def test_s1_a_decoded_message_encodes_back_to_the_bytes_it_was_read_from(message: Any) -> None:
+    """A message's digest is of its encoding: a thread resumed from the store (new objects,
+    decoded) must encode its history back to the same bytes, or each such message is
+    stored a second time. (An AIMessage built with usage_metadata once wrote the
+    tool-call fields LangChain always includes after it, and in declaration order once
+    decoded.)"""
+    stored = CODEC.encode(message)
+    assert CODEC.encode(CODEC.decode(stored)) == stored
 
 
 @hypothesis_settings(max_examples=300, deadline=None)

@@ -155,6 +155,24 @@ def test_s1_a_late_write_to_a_pruned_checkpoint_stores_none_of_its_messages(open
     assert (after["writes"], after["messages"]) == (before["writes"], before["messages"])
 
 
+def test_s1_a_thread_resumed_from_the_store_stores_each_model_reply_once(saver: Any) -> None:
+    """Each turn starts from the state it reads back (decoded objects); a model's reply
+    carries token usage, and must encode back to the bytes it was stored as."""
+
+    def reply(state: MessagesState) -> dict[str, Any]:
+        usage = {"input_tokens": 3, "output_tokens": 2, "total_tokens": 5}
+        return {"messages": [AIMessage(content=f"echo {len(state['messages'])}", usage_metadata=usage)]}
+
+    builder = StateGraph(MessagesState)
+    builder.add_node("reply", reply)
+    builder.add_edge(START, "reply")
+    builder.add_edge("reply", END)
+    graph = builder.compile(checkpointer=saver)
+    for turn in range(4):
+        graph.invoke({"messages": [HumanMessage(f"turn {turn}")]}, cfg("resumed"))
+    assert saver.stats()["messages"] == 8
+
+
 def test_s1_a_node_editing_a_loaded_message_in_place_has_the_edit_stored(
     open_saver: Opener, provider: ProviderCase
 ) -> None:

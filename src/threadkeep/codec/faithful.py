@@ -332,13 +332,20 @@ def _lc_kwargs(value: Serializable, spec: _LcSpec) -> dict[str, Any]:
         return kwargs
     attrs = value.__dict__
     given = value.model_fields_set
+    always: dict[str, Any] = {}
+    for getter in spec.attribute_getters:
+        always.update(getter(value))
+    # Fields in declaration order, those lc_attributes always include among them: decoded,
+    # they are marked given, so a message read back encodes to the same bytes (its digest).
     kwargs = {}
     for name, required, default in spec.fields:
+        if name in always:
+            kwargs[name] = always.pop(name)
+            continue
         item = attrs.get(name)
         if required or name in given or _useful(item, default):
             kwargs[name] = item
-    for getter in spec.attribute_getters:
-        kwargs.update(getter(value))
+    kwargs.update(always)
     if value.__pydantic_extra__:
         kwargs.update(value.__pydantic_extra__)
     return kwargs
