@@ -16,15 +16,20 @@ def cfg(thread_id: str, **extra: Any) -> dict[str, Any]:
     return {"configurable": {"thread_id": thread_id, **extra}}
 
 
-def echo_graph(saver: Any) -> Any:
-    def reply(state: MessagesState) -> dict[str, Any]:
-        return {"messages": [AIMessage(content=f"echo: {state['messages'][-1].content}")]}
-
+def reply_graph(saver: Any, reply: Any) -> Any:
+    """A graph of one node, ``reply``, on ``MessagesState``."""
     builder = StateGraph(MessagesState)
     builder.add_node("reply", reply)
     builder.add_edge(START, "reply")
     builder.add_edge("reply", END)
     return builder.compile(checkpointer=saver)
+
+
+def echo_graph(saver: Any) -> Any:
+    def reply(state: MessagesState) -> dict[str, Any]:
+        return {"messages": [AIMessage(content=f"echo: {state['messages'][-1].content}")]}
+
+    return reply_graph(saver, reply)
 
 
 def test_s1_each_message_is_stored_once_per_thread(saver: Any) -> None:
@@ -163,11 +168,7 @@ def test_s1_a_thread_resumed_from_the_store_stores_each_model_reply_once(saver: 
         usage = {"input_tokens": 3, "output_tokens": 2, "total_tokens": 5}
         return {"messages": [AIMessage(content=f"echo {len(state['messages'])}", usage_metadata=usage)]}
 
-    builder = StateGraph(MessagesState)
-    builder.add_node("reply", reply)
-    builder.add_edge(START, "reply")
-    builder.add_edge("reply", END)
-    graph = builder.compile(checkpointer=saver)
+    graph = reply_graph(saver, reply)
     for turn in range(4):
         graph.invoke({"messages": [HumanMessage(f"turn {turn}")]}, cfg("resumed"))
     assert saver.stats()["messages"] == 8
@@ -181,11 +182,7 @@ def test_s1_a_node_editing_a_loaded_message_in_place_has_the_edit_stored(
         return {"messages": [AIMessage(content=f"echo {len(state['messages'])}")]}
 
     saver = open_saver()
-    builder = StateGraph(MessagesState)
-    builder.add_node("reply", reply)
-    builder.add_edge(START, "reply")
-    builder.add_edge("reply", END)
-    graph = builder.compile(checkpointer=saver)
+    graph = reply_graph(saver, reply)
     for turn in range(3):
         graph.invoke({"messages": [HumanMessage(f"turn {turn}")]}, cfg("edit-loaded"))
     expected = "turn 0 (seen) (seen) (seen)"
