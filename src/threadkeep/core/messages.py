@@ -119,8 +119,9 @@ def _see(message: Any) -> _Seen | None:
     try:
         values = tuple(message.__dict__.values())
         mutable = _mutable_values(values)
-        summary = _summary(mutable(values), message)
-        _exactly_rendered((mutable(values), message.__pydantic_extra__))
+        containers = mutable(values)
+        summary = _summary(containers, message)
+        _exactly_rendered((containers, message.__pydantic_extra__))
         return type(message), values, mutable, summary
     except (ValueError, AttributeError, TypeError):
         return None
@@ -184,8 +185,9 @@ class _Block:
         self.classes = tuple(map(type, messages))
         self.sizes, self.values = _block_fields(messages)
         self.mutable = _mutable_values(self.values)
-        self.summary = _block_summary(self.mutable(self.values), messages)
-        _exactly_rendered((self.mutable(self.values), tuple(map(_EXTRA, messages))))
+        containers = self.mutable(self.values)
+        self.summary = _block_summary(containers, messages)
+        _exactly_rendered((containers, tuple(map(_EXTRA, messages))))
         self.fields_set = tuple(map(_shared, map(frozenset, map(_FIELDS_SET, messages))))
 
 
