@@ -8,7 +8,14 @@ import pytest
 from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 
 from threadkeep.codec.serde import build_serde
-from threadkeep.core.messages import ContentCache, EncodingMemo, MessageChain, chain_ref, parse_chain_ref
+from threadkeep.core.messages import (
+    ContentCache,
+    EncodingMemo,
+    MessageChain,
+    chain_ref,
+    digest_of,
+    parse_chain_ref,
+)
 
 SERDE = build_serde()
 
@@ -233,3 +240,129 @@ def test_s1_memo_never_keeps_a_digest_marshal_cannot_tell_from_an_edit(
     else:
         messages[1].additional_kwargs["v"] = after
     check("3")
+
+
+def _conversation(count: int) -> list[Any]:
+    messages: list[Any] = []
+    for i in range(count):
+        if i % 2:
+            call = {"name": "f", "args": {"x": i}, "id": f"c{i}", "type": "tool_call"}
+            messages.append(AIMessage(f"a{i}", id=f"m{i}", tool_calls=[call]))
+        else:
+            messages.append(HumanMessage(f"q{i}", id=f"m{i}"))
+    return messages
+
+
+@BLOCKS
+def test_s1_memo_adopts_a_list_decoded_from_what_the_last_put_wrote(block: int) -> None:
+    """A graph goes on from the state it loaded: the decoded objects, not the ones it put.
+    Adopted, they are not encoded again, and a message the store turns out to lack is
+    written as it was read. (These messages encode back to the bytes they were read from,
+    so the digests are also a fresh encoding's; see the next test for ones that do not.)"""
+    memo = EncodingMemo(block=block)
+    key = ("t", "", "messages")
+    put = MessageChain("messages", "1", _conversation(70), SERDE, memo=memo, memo_key=key)
+    stored = [put.payload(i) for i in range(70)]
+    decoded = [SERDE.loads_typed(form) for form in stored]
+    memo.adopt(key, put.tail, decoded, stored)
+
+    decoded.append(HumanMessage("next", id="n"))
+    again = MessageChain("messages", "2", decoded, SERDE, memo=memo, memo_key=key)
+    assert [position for position, _ in again.encoded()] == [70]
+    fresh = MessageChain("messages", "2", decoded, SERDE)
+    assert (again.nodes, again.digests) == (fresh.nodes, fresh.digests)
+    assert all(again.payload(i) is stored[i] for i in range(70))
+
+
+@BLOCKS
+def test_s1_memo_sees_an_edit_to_an_adopted_message(block: int) -> None:
+    """An adopted message is known through its block: an edit has the messages of that
+    block encoded again (those after the last whole block, only itself)."""
+    memo = EncodingMemo(block=block)
+    key = ("t", "", "messages")
+    put = MessageChain("messages", "1", _conversation(70), SERDE, memo=memo, memo_key=key)
+    stored = [put.payload(i) for i in range(70)]
+    decoded = [SERDE.loads_typed(form) for form in stored]
+    memo.adopt(key, put.tail, decoded, stored)
+
+    decoded[3].tool_calls[0]["args"]["x"] = 3.0  # the same JSON number, another type
+    decoded[40].content = "edited"
+    again = MessageChain("messages", "2", decoded, SERDE, memo=memo, memo_key=key)
+    whole = 70 - 70 % block
+    edited_blocks = [
+        position
+        for position in range(70)
+        if (position // block in (3 // block, 40 // block) and position < whole) or position in (3, 40)
+    ]
+    assert [position for position, _ in again.encoded()] == edited_blocks
+    fresh = MessageChain("messages", "2", decoded, SERDE)
+    assert (again.nodes, again.digests) == (fresh.nodes, fresh.digests)
+
+
+def test_s1_memo_adopts_only_the_list_its_last_put_wrote() -> None:
+    """Objects read from a list this process did not write last (another writer's, or
+    before this process put anything) are encoded by the next put, as before."""
+    key = ("t", "", "messages")
+    written = MessageChain("messages", "1", _conversation(10), SERDE)
+    stored = [written.payload(i) for i in range(10)]
+    unknown = EncodingMemo()  # has put nothing
+    decoded = [SERDE.loads_typed(form) for form in stored]
+    unknown.adopt(key, written.tail, decoded, stored)
+    assert len(MessageChain("messages", "2", decoded, SERDE, memo=unknown, memo_key=key).encoded()) == 10
+
+    other = EncodingMemo()  # last put another list under the key
+    MessageChain("messages", "1", _conversation(9), SERDE, memo=other, memo_key=key)
+    decoded = [SERDE.loads_typed(form) for form in stored]
+    other.adopt(key, written.tail, decoded, stored)
+    assert len(MessageChain("messages", "2", decoded, SERDE, memo=other, memo_key=key).encoded()) == 10
+
+
+@pytest.mark.parametrize("goes_on_from", ["its own objects", "the state it read"])
+def test_s1_memo_keeps_a_runs_objects_while_another_caller_reads(goes_on_from: str) -> None:
+    """Another caller reading the state (a status endpoint) while a run goes on, from its
+    own objects or from the state it read itself, does not cost the run its memo; reads
+    between puts do not pile up."""
+    memo = EncodingMemo()
+    key = ("t", "", "messages")
+    messages = _conversation(40)
+    put = MessageChain("messages", "1", messages, SERDE, memo=memo, memo_key=key)
+    stored = [put.payload(i) for i in range(40)]
+    if goes_on_from == "the state it read":
+        messages = [SERDE.loads_typed(form) for form in stored]
+        memo.adopt(key, put.tail, messages, stored)
+    memo.adopt(key, put.tail, [SERDE.loads_typed(form) for form in stored], stored)  # the other caller
+    messages.append(HumanMessage("next", id="n"))
+    again = MessageChain("messages", "2", messages, SERDE, memo=memo, memo_key=key)
+    assert [position for position, _ in again.encoded()] == [40]
+
+    for _ in range(5):  # the memo now holds the second put's objects, and two reads' at most
+        memo.adopt(
+            key,
+            again.tail,
+            [SERDE.loads_typed(again.payload(i)) for i in range(41)],
+            [again.payload(i) for i in range(41)],
+        )
+    assert len(memo.previous(key).objects) == 41 * 3
+
+
+def test_s1_memo_adopts_messages_whose_encoding_does_not_round_trip() -> None:
+    """A message built with usage_metadata encodes its kwargs in another order once decoded:
+    the adopted digest is of the stored bytes (which decode to the message), not of a new
+    encoding, so the message is neither encoded nor stored again."""
+    memo = EncodingMemo()
+    key = ("t", "", "messages")
+    usage = {"input_tokens": 1, "output_tokens": 2, "total_tokens": 3}
+    messages = [HumanMessage("hi", id="1"), AIMessage("hello", id="2", usage_metadata=usage)]
+    put = MessageChain("messages", "1", messages, SERDE, memo=memo, memo_key=key)
+    stored = [put.payload(i) for i in range(2)]
+    decoded = [SERDE.loads_typed(form) for form in stored]
+    memo.adopt(key, put.tail, decoded, stored)
+
+    decoded.append(HumanMessage("next", id="3"))
+    again = MessageChain("messages", "2", decoded, SERDE, memo=memo, memo_key=key)
+    assert [position for position, _ in again.encoded()] == [2]
+    assert again.digests[:2] == put.digests
+    for position in range(2):
+        form = again.payload(position)
+        assert digest_of(*form) == again.digests[position]
+        assert SERDE.loads_typed(form) == decoded[position]

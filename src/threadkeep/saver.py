@@ -86,7 +86,11 @@ class Backend(Protocol):
     def put_writes(self, step: WritesStep) -> Program[None]: ...
 
     def get_tuple(
-        self, target: Target, serde: SerializerProtocol, content: ContentCache
+        self,
+        target: Target,
+        serde: SerializerProtocol,
+        content: ContentCache,
+        memo: EncodingMemo | None = None,
     ) -> Program[CheckpointTuple | None]: ...
 
     def list_page(
@@ -234,7 +238,7 @@ class ThreadkeepSaver(BaseCheckpointSaver[str]):
 
     def _get_tuple(self, config: RunnableConfig) -> ProgramFactory[CheckpointTuple | None]:
         target, serde = self._target(config), self.serde
-        return lambda: self.backend.get_tuple(target, serde, self._content)
+        return lambda: self.backend.get_tuple(target, serde, self._content, self._memo)
 
     def _list_query(
         self,
