@@ -13,7 +13,6 @@ from threadkeep.core.messages import (
     EncodingMemo,
     MessageChain,
     chain_ref,
-    digest_of,
     parse_chain_ref,
 )
 
@@ -303,18 +302,20 @@ def test_s1_memo_adopts_only_the_list_its_last_put_wrote() -> None:
     """Objects read from a list this process did not write last (another writer's, or
     before this process put anything) are encoded by the next put, as before."""
     key = ("t", "", "messages")
-    written = MessageChain("messages", "1", _conversation(10), SERDE)
-    stored = [written.payload(i) for i in range(10)]
+    written = MessageChain("messages", "1", _conversation(40), SERDE)
+    stored = [written.payload(i) for i in range(40)]
     unknown = EncodingMemo()  # has put nothing
     decoded = [SERDE.loads_typed(form) for form in stored]
     unknown.adopt(key, written.tail, decoded, stored)
-    assert len(MessageChain("messages", "2", decoded, SERDE, memo=unknown, memo_key=key).encoded()) == 10
+    assert len(MessageChain("messages", "2", decoded, SERDE, memo=unknown, memo_key=key).encoded()) == 40
 
-    other = EncodingMemo()  # last put another list under the key
-    MessageChain("messages", "1", _conversation(9), SERDE, memo=other, memo_key=key)
+    other = EncodingMemo()  # last put another list of the same length under the key
+    MessageChain("messages", "1", _conversation(41)[1:], SERDE, memo=other, memo_key=key)
     decoded = [SERDE.loads_typed(form) for form in stored]
     other.adopt(key, written.tail, decoded, stored)
-    assert len(MessageChain("messages", "2", decoded, SERDE, memo=other, memo_key=key).encoded()) == 10
+    again = MessageChain("messages", "2", decoded, SERDE, memo=other, memo_key=key)
+    assert len(again.encoded()) == 40
+    assert again.digests == written.digests
 
 
 @pytest.mark.parametrize("goes_on_from", ["its own objects", "the state it read"])
@@ -345,24 +346,26 @@ def test_s1_memo_keeps_a_runs_objects_while_another_caller_reads(goes_on_from: s
     assert len(memo.previous(key).objects) == 41 * 3
 
 
-def test_s1_memo_adopts_messages_whose_encoding_does_not_round_trip() -> None:
-    """A message built with usage_metadata encodes its kwargs in another order once decoded:
-    the adopted digest is of the stored bytes (which decode to the message), not of a new
-    encoding, so the message is neither encoded nor stored again."""
+def test_s1_memo_adopts_a_list_as_the_stored_bytes_it_was_decoded_from() -> None:
+    """An adopted message keeps the digest of the stored bytes it was decoded from, and a
+    put that finds the store without it writes those very bytes; in whole blocks and after
+    them (model replies with token usage, as real ones carry)."""
     memo = EncodingMemo()
     key = ("t", "", "messages")
     usage = {"input_tokens": 1, "output_tokens": 2, "total_tokens": 3}
-    messages = [HumanMessage("hi", id="1"), AIMessage("hello", id="2", usage_metadata=usage)]
+    messages: list[Any] = []
+    for i in range(20):
+        messages += [HumanMessage(f"q{i}", id=f"h{i}"), AIMessage(f"a{i}", id=f"a{i}", usage_metadata=usage)]
     put = MessageChain("messages", "1", messages, SERDE, memo=memo, memo_key=key)
-    stored = [put.payload(i) for i in range(2)]
+    stored = [put.payload(i) for i in range(40)]
     decoded = [SERDE.loads_typed(form) for form in stored]
     memo.adopt(key, put.tail, decoded, stored)
 
-    decoded.append(HumanMessage("next", id="3"))
+    decoded.append(HumanMessage("next", id="n"))
     again = MessageChain("messages", "2", decoded, SERDE, memo=memo, memo_key=key)
-    assert [position for position, _ in again.encoded()] == [2]
-    assert again.digests[:2] == put.digests
-    for position in range(2):
+    assert [position for position, _ in again.encoded()] == [40]
+    assert again.digests[:40] == put.digests
+    for position in range(40):
         form = again.payload(position)
-        assert digest_of(*form) == again.digests[position]
+        assert form is stored[position]
         assert SERDE.loads_typed(form) == decoded[position]

@@ -189,11 +189,11 @@ def test_s1_a_run_going_on_from_its_loaded_state_encodes_only_its_new_messages(
 
     monkeypatch.setattr(MessageChain, "_encode", counting)
     graph = build_agent(saver)
-    run_turns(graph, "adopt", 3)
+    run_turns(graph, "adopt", 5)  # 40 messages: a whole block of 32 and 8 after it
     encoded.clear()
-    run_turns(graph, "adopt", 1, first=3)
-    assert len(encoded) == MESSAGES_PER_TURN  # not the 3 turns' history again
-    assert len(graph.get_state(cfg("adopt")).values["messages"]) == 4 * MESSAGES_PER_TURN
+    run_turns(graph, "adopt", 1, first=5)
+    assert len(encoded) == MESSAGES_PER_TURN  # not the 5 turns' history again
+    assert len(graph.get_state(cfg("adopt")).values["messages"]) == 6 * MESSAGES_PER_TURN
 
 
 def test_s1_a_node_editing_a_loaded_message_in_place_has_the_edit_stored(

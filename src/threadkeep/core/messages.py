@@ -267,8 +267,9 @@ class _Remembered:
     ``None`` where it could not be taken).
 
     ``objects`` keeps every remembered object alive, so an id in ``digests`` can only be
-    that object's. ``put`` is what the last put itself remembered: this, or, after a read
-    adopted decoded objects (:meth:`EncodingMemo.adopt`), what those were added to;
+    that object's. ``put`` is what the last put itself remembered: ``None`` for this, or,
+    after a read adopted decoded objects (:meth:`EncodingMemo.adopt`), what those were
+    added to (not this itself, which would make every put's memory a reference cycle);
     ``read`` is what the latest read adopted (id, entry, object), and ``adopted`` what the
     latest two reads saw of their lists' whole blocks, newest first, tried where ``blocks``
     (the put's own objects) does not fit.
@@ -282,7 +283,7 @@ class _Remembered:
         self.list_digests: tuple[bytes, ...] = () if put is None else put.list_digests
         self.nodes: tuple[bytes, ...] = () if put is None else put.nodes
         self.blocks: list[_Block | None] = [] if put is None else put.blocks
-        self.put: _Remembered = self if put is None else put
+        self.put: _Remembered | None = put
         self.read: list[tuple[int, _Entry, object]] = []
         self.adopted: list[list[_Block | None]] = []
 
@@ -340,7 +341,7 @@ class EncodingMemo:
         puts do not pile up.
         """
         previous = self.previous(key)
-        put = previous.put
+        put = previous.put or previous
         if not put.nodes or put.nodes[-1] != tail or len(put.list_digests) != len(objects):
             return
         current = _Remembered(put)
@@ -366,15 +367,21 @@ class EncodingMemo:
             remembered[ident] = entry
             kept.append(obj)
         current.adopted = [blocks, *previous.adopted[:1]]
-        self.keep(key, current)
+        with self._guard:  # unless a put (or a read) kept another meanwhile: the newer wins
+            if self._lists.get(key, _NOTHING) is previous:
+                self._keep(key, current)
 
     def keep(self, key: tuple[str, ...], remembered: _Remembered) -> None:
         """Remember what this put of list ``key`` encoded, forgetting the oldest lists."""
         with self._guard:
-            self._lists[key] = remembered
-            self._lists.move_to_end(key)
-            while len(self._lists) > self.lists:
-                self._lists.popitem(last=False)
+            self._keep(key, remembered)
+
+    def _keep(self, key: tuple[str, ...], remembered: _Remembered) -> None:
+        """:meth:`keep`, the lock held."""
+        self._lists[key] = remembered
+        self._lists.move_to_end(key)
+        while len(self._lists) > self.lists:
+            self._lists.popitem(last=False)
 
 
 class ContentCache:
