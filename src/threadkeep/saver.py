@@ -86,11 +86,7 @@ class Backend(Protocol):
     def put_writes(self, step: WritesStep) -> Program[None]: ...
 
     def get_tuple(
-        self,
-        target: Target,
-        serde: SerializerProtocol,
-        content: ContentCache,
-        memo: EncodingMemo | None = None,
+        self, target: Target, serde: SerializerProtocol, content: ContentCache
     ) -> Program[CheckpointTuple | None]: ...
 
     def list_page(
@@ -238,7 +234,7 @@ class ThreadkeepSaver(BaseCheckpointSaver[str]):
 
     def _get_tuple(self, config: RunnableConfig) -> ProgramFactory[CheckpointTuple | None]:
         target, serde = self._target(config), self.serde
-        return lambda: self.backend.get_tuple(target, serde, self._content, self._memo)
+        return lambda: self.backend.get_tuple(target, serde, self._content)
 
     def _list_query(
         self,

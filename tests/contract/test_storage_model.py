@@ -9,7 +9,6 @@ from langgraph.graph import END, START, MessagesState, StateGraph
 
 from tests.providers import SHARED_STORE, Opener, ProviderCase
 from threadkeep.backends.sql.backend import SqlBackend
-from threadkeep.core.messages import MessageChain
 from threadkeep.workload import MESSAGES_PER_TURN, build_agent, run_turns
 
 
@@ -173,27 +172,6 @@ def test_s1_a_thread_resumed_from_the_store_stores_each_model_reply_once(saver: 
     for turn in range(4):
         graph.invoke({"messages": [HumanMessage(f"turn {turn}")]}, cfg("resumed"))
     assert saver.stats()["messages"] == 8
-
-
-def test_s1_a_run_going_on_from_its_loaded_state_encodes_only_its_new_messages(
-    saver: Any, monkeypatch: Any
-) -> None:
-    """Each turn starts from the state it loads: new objects, decoded. The saver adopts
-    them as what it last wrote, so the turn's puts encode only the messages it adds."""
-    encoded: list[int] = []
-    encode = MessageChain._encode
-
-    def counting(chain: MessageChain, position: int) -> tuple[str, bytes]:
-        encoded.append(position)
-        return encode(chain, position)
-
-    monkeypatch.setattr(MessageChain, "_encode", counting)
-    graph = build_agent(saver)
-    run_turns(graph, "adopt", 5)  # 40 messages: a whole block of 32 and 8 after it
-    encoded.clear()
-    run_turns(graph, "adopt", 1, first=5)
-    assert len(encoded) == MESSAGES_PER_TURN  # not the 5 turns' history again
-    assert len(graph.get_state(cfg("adopt")).values["messages"]) == 6 * MESSAGES_PER_TURN
 
 
 def test_s1_a_node_editing_a_loaded_message_in_place_has_the_edit_stored(

@@ -84,19 +84,6 @@ def _no_values(values: tuple[Any, ...]) -> tuple[()]:
     return ()
 
 
-# What the memo keeps of one object: what was seen of it, its digest, and, for an object
-# decoded from the store (:meth:`EncodingMemo.adopt`), the stored form that digest is of.
-_Entry = tuple[_Seen, bytes, "tuple[str, bytes] | None"]
-
-
-class _SeenOnlyInItsBlock:
-    """The class of no message: what the memo saw of a message it knows only as part of a
-    block (:meth:`EncodingMemo.adopt`), which :func:`_unchanged` therefore never passes."""
-
-
-_IN_ITS_BLOCK: Final[_Seen] = (_SeenOnlyInItsBlock, (), _no_values, 0)
-
-
 def _mutable_values(values: tuple[Any, ...]) -> Callable[[tuple[Any, ...]], Any]:
     """A getter of the ``values`` that could change in place (containers), as one tuple."""
     return _getter(tuple([i for i, value in enumerate(values) if type(value) not in _IMMUTABLE]))
@@ -261,31 +248,23 @@ def _block_unchanged(seen: _Block, messages: Sequence[Any]) -> bool:
 
 
 class _Remembered:
-    """What one put of a list saw: ``id -> (what it saw of the object, digest, stored form)``,
-    the objects, the list's digests and link nodes by position, and what it saw of each
-    whole block of the list (``blocks[i]``: positions ``i * size`` to ``(i + 1) * size``,
-    ``None`` where it could not be taken).
+    """What one put of a list saw: ``id -> (what it saw of the object, digest)``, the
+    objects, the list's digests and link nodes by position, and what it saw of each whole
+    block of the list (``blocks[i]``: positions ``i * size`` to ``(i + 1) * size``, ``None``
+    where it could not be taken).
 
     ``objects`` keeps every remembered object alive, so an id in ``digests`` can only be
-    that object's. ``put`` is what the last put itself remembered: ``None`` for this, or,
-    after a read adopted decoded objects (:meth:`EncodingMemo.adopt`), what those were
-    added to (not this itself, which would make every put's memory a reference cycle);
-    ``read`` is what the latest read adopted (id, entry, object), and ``adopted`` what the
-    latest two reads saw of their lists' whole blocks, newest first, tried where ``blocks``
-    (the put's own objects) does not fit.
+    that object's.
     """
 
-    __slots__ = ("adopted", "blocks", "digests", "list_digests", "nodes", "objects", "put", "read")
+    __slots__ = ("blocks", "digests", "list_digests", "nodes", "objects")
 
-    def __init__(self, put: _Remembered | None = None) -> None:
-        self.digests: dict[int, _Entry] = {} if put is None else dict(put.digests)
-        self.objects: list[object] = [] if put is None else list(put.objects)
-        self.list_digests: tuple[bytes, ...] = () if put is None else put.list_digests
-        self.nodes: tuple[bytes, ...] = () if put is None else put.nodes
-        self.blocks: list[_Block | None] = [] if put is None else put.blocks
-        self.put: _Remembered | None = put
-        self.read: list[tuple[int, _Entry, object]] = []
-        self.adopted: list[list[_Block | None]] = []
+    def __init__(self) -> None:
+        self.digests: dict[int, tuple[_Seen, bytes]] = {}
+        self.objects: list[object] = []
+        self.list_digests: tuple[bytes, ...] = ()
+        self.nodes: tuple[bytes, ...] = ()
+        self.blocks: list[_Block | None] = []
 
 
 _NOTHING = _Remembered()
@@ -318,70 +297,13 @@ class EncodingMemo:
         with self._guard:
             return self._lists.get(key, _NOTHING)
 
-    def adopt(
-        self, key: tuple[str, ...], tail: bytes, objects: Sequence[Any], stored: Sequence[tuple[str, bytes]]
-    ) -> None:
-        """Remember the message ``objects`` just decoded from ``stored`` (the list ending at
-        ``tail``; the caller must not have touched them) as list ``key``'s, if the last put
-        of ``key`` in this process wrote that very list: a graph that goes on from this state
-        puts these objects next, which then need not be encoded again.
-
-        The objects are seen now, before anyone can edit them: a whole block at a time (as
-        :class:`_Block`), the few after the last whole block one by one. Each keeps that
-        put's digest and the stored form it was decoded from: the digest is of those bytes,
-        which decode to the object, and should the store turn out to lack the message, they
-        are what is written. A message of an adopted block is known only through its block:
-        if the block changes, its messages are encoded again. A list this process did not
-        write last (a new process, another writer) is left alone: its objects are encoded by
-        the next put, as before.
-
-        The last put's own objects stay remembered, and so do the previous read's (a run
-        going on from its own objects, or from the state it read, while another caller
-        reads the state, keeps its memo); older reads' are forgotten, so reads between
-        puts do not pile up.
-        """
-        previous = self.previous(key)
-        put = previous.put or previous
-        if not put.nodes or put.nodes[-1] != tail or len(put.list_digests) != len(objects):
-            return
-        current = _Remembered(put)
-        remembered, kept, read = current.digests, current.objects, current.read
-        for ident, entry, obj in previous.read:
-            remembered[ident] = entry
-            kept.append(obj)
-        digests, size = put.list_digests, self.block
-        blocks: list[_Block | None] = []
-        whole = len(objects) - len(objects) % size
-        for start in range(0, whole, size):
-            end = start + size
-            seen = _see_block(objects[start:end])
-            blocks.append(seen)
-            if seen is not None:
-                adopted = zip(objects[start:end], digests[start:end], stored[start:end], strict=True)
-                read.extend((id(obj), (_IN_ITS_BLOCK, digest, form), obj) for obj, digest, form in adopted)
-        for obj, digest, form in zip(objects[whole:], digests[whole:], stored[whole:], strict=True):
-            one = _see(obj)
-            if one is not None:
-                read.append((id(obj), (one, digest, form), obj))
-        for ident, entry, obj in read:
-            remembered[ident] = entry
-            kept.append(obj)
-        current.adopted = [blocks, *previous.adopted[:1]]
-        with self._guard:  # unless a put (or a read) kept another meanwhile: the newer wins
-            if self._lists.get(key, _NOTHING) is previous:
-                self._keep(key, current)
-
     def keep(self, key: tuple[str, ...], remembered: _Remembered) -> None:
         """Remember what this put of list ``key`` encoded, forgetting the oldest lists."""
         with self._guard:
-            self._keep(key, remembered)
-
-    def _keep(self, key: tuple[str, ...], remembered: _Remembered) -> None:
-        """:meth:`keep`, the lock held."""
-        self._lists[key] = remembered
-        self._lists.move_to_end(key)
-        while len(self._lists) > self.lists:
-            self._lists.popitem(last=False)
+            self._lists[key] = remembered
+            self._lists.move_to_end(key)
+            while len(self._lists) > self.lists:
+                self._lists.popitem(last=False)
 
 
 class ContentCache:
@@ -532,17 +454,7 @@ class MessageChain:
     only if the store turns out not to hold it (:meth:`payload`).
     """
 
-    __slots__ = (
-        "_messages",
-        "_payloads",
-        "_remembered",
-        "_serde",
-        "channel",
-        "digests",
-        "nodes",
-        "reused",
-        "version",
-    )
+    __slots__ = ("_messages", "_payloads", "_serde", "channel", "digests", "nodes", "reused", "version")
 
     def __init__(
         self,
@@ -561,7 +473,6 @@ class MessageChain:
         self._payloads: dict[int, tuple[str, bytes]] = {}
         previous = memo.previous(memo_key) if memo is not None else _NOTHING
         current = _Remembered()
-        self._remembered = current
         count = len(self._messages)
         links = _Links(previous, count)
         size = memo.block if memo is not None else max(count, 1)
@@ -597,12 +508,7 @@ class MessageChain:
         its messages at other positions)."""
         seen = previous.blocks[index] if index < len(previous.blocks) else None
         if seen is None or not _block_unchanged(seen, block):
-            for adopted in previous.adopted:
-                seen = adopted[index] if index < len(adopted) else None
-                if seen is not None and _block_unchanged(seen, block):
-                    break
-            else:
-                return False
+            return False
         current.objects.extend(block)  # first: every remembered id is of a live object
         ids = list(map(id, block))
         try:
@@ -632,7 +538,7 @@ class MessageChain:
                 digest = digest_of(kind, payload)
                 self._payloads[position] = (kind, payload)
                 if seen is not None and _unchanged(seen, message):  # not edited while encoded
-                    remembered[id(message)] = (seen, digest, None)
+                    remembered[id(message)] = (seen, digest)
                     objects.append(message)
                 else:
                     whole = False
@@ -658,7 +564,6 @@ class MessageChain:
         chain._messages = ()
         chain._serde = None  # type: ignore[assignment]  # every payload is at hand
         chain._payloads = dict(enumerate(payloads))
-        chain._remembered = _NOTHING
         nodes: list[bytes] = []
         digests: list[bytes] = []
         prev: bytes | None = None
@@ -691,14 +596,9 @@ class MessageChain:
         return list(self._payloads.items())
 
     def payload(self, position: int) -> tuple[str, bytes]:
-        """The stored form of the message at ``position``: the one it was read from if it
-        was decoded from the store (its digest is of those bytes), else its encoding."""
+        """The stored form of the message at ``position``."""
         if position not in self._payloads:
-            entry = self._remembered.digests.get(id(self._messages[position]))
-            if entry is not None and entry[2] is not None and entry[1] == self.digests[position]:
-                self._payloads[position] = entry[2]
-            else:
-                self._payloads[position] = self._encode(position)
+            self._payloads[position] = self._encode(position)
         return self._payloads[position]
 
 

@@ -579,15 +579,9 @@ class StoredCheckpoint:
         return decode_value(serde, vtype, value, f"pending_writes.{channel}")
 
     def to_tuple(
-        self,
-        serde: SerializerProtocol,
-        lists: Mapping[bytes, Sequence[tuple[str, bytes]]],
-        memo: EncodingMemo | None = None,
+        self, serde: SerializerProtocol, lists: Mapping[bytes, Sequence[tuple[str, bytes]]]
     ) -> CheckpointTuple:
-        """Decode every value (message lists from ``lists``, by tail) into a CheckpointTuple.
-
-        A decoded message list is offered to ``memo`` (:meth:`EncodingMemo.adopt`): a graph
-        that goes on from this state puts these very objects next."""
+        """Decode every value (message lists from ``lists``, by tail) into a CheckpointTuple."""
         values: dict[str, Any] = {}
         for channel, vtype, value in self.values:
             path = f"channel_values.{channel}"
@@ -595,10 +589,7 @@ class StoredCheckpoint:
                 continue
             if vtype == CHAIN_TYPE:
                 tail, _ = parse_chain_ref(value)
-                stored = lists[tail]
-                values[channel] = decode_values(serde, stored, path)
-                if memo is not None:
-                    memo.adopt((self.thread_id, self.checkpoint_ns, channel), tail, values[channel], stored)
+                values[channel] = decode_values(serde, lists[tail], path)
             else:
                 values[channel] = decode_value(serde, vtype, value, path)
         return assemble(
