@@ -55,34 +55,102 @@ def test_p6_every_older_schema_version_upgrades_to_the_newest(provider: Any) -> 
         assert applied == list(range(1, newest + 1))
 
 
+# How often each prepared state read ran on its generic plan and on plans made for its
+# parameters, on the connection that asks.
+_PREPARED_STATE_READS = (
+    "SELECT generic_plans, custom_plans FROM pg_prepared_statements"
+    " WHERE statement LIKE '%WITH RECURSIVE cp AS%'"
+)
+
+
+def _state_params(thread_id: str) -> dict[str, object]:
+    return {"thread_id": thread_id, "owner": None, "checkpoint_ns": "", "checkpoint_id": None, "walk": True}
+
+
 def test_the_state_read_probes_indexes_on_an_empty_store_and_after_it_grew(provider: Any) -> None:
-    """tk_state keeps one plan per connection, made at its first call: a plan made on empty,
-    unanalyzed tables must still probe by key once they hold a history (no sequential scan),
-    and read the right state."""
+    """Each connection keeps one plan of the state read, made at its first read: a plan made
+    on small, unanalyzed tables must still probe by key once they hold a history (no
+    sequential scan), and read the right state."""
+    from threadkeep.backends.postgres.queries import SELECT_STATE_LATEST
+
     dsn = postgres_schema(uuid.uuid4().hex)
     with open_checkpointer("postgres", dsn, settings=Settings()) as saver:
         assert saver.get_tuple({"configurable": {"thread_id": "first"}}) is None
         run_turns(build_agent(saver), "first", 3)
-    with connect(dsn) as conn:
+        engine = saver.backend.engine
+    with engine.connect() as conn:  # a connection as threadkeep's pools open them
         notices: list[str] = []
         conn.add_notice_handler(lambda diagnostic: notices.append(diagnostic.message_primary or ""))
         conn.execute("LOAD 'auto_explain'")
         conn.execute("SET auto_explain.log_min_duration = 0")
-        conn.execute("SET auto_explain.log_nested_statements = on")
         conn.execute("SET client_min_messages = log")
-        state = "SELECT kind FROM tk_state(%s, NULL, '', NULL, true)"
-        assert conn.execute(state, ("nobody",)).fetchall() == []  # plans made on no rows
+        read = functools.partial(conn.execute, SELECT_STATE_LATEST, prepare=True, binary=True)
+        assert read(_state_params("nobody")).fetchall() == []  # its plan is made on 3 turns' rows
         conn.execute("SET client_min_messages = notice")
         run_turns(build_agent(open_checkpointer("postgres", dsn, settings=Settings())), "second", 2)
         conn.execute("SET client_min_messages = log")
         notices.clear()
-        kinds = [row[0] for row in conn.execute(state, ("second",)).fetchall()]
+        kinds = [row[0] for row in read(_state_params("second")).fetchall()]
+        conn.execute("SET client_min_messages = notice")
+        ((generic, custom),) = conn.execute(_PREPARED_STATE_READS).fetchall()
     assert kinds.count(0) == 1
     assert kinds.count(3) == 2 * MESSAGES_PER_TURN
+    assert (generic, custom) == (2, 0)  # one plan, made at the first read
     plans = "\n".join(notices)
     assert "Index Scan using tk_message_links_pkey" in plans
     assert "Index Scan using tk_messages_pkey" in plans
+    assert "Index Scan using tk_writes_pkey" in plans
     assert "Seq Scan" not in plans
+
+
+def test_the_state_read_is_planned_once_by_each_of_threadkeeps_connections(provider: Any) -> None:
+    """A saver's connections prepare the state read at their first read and keep its one
+    plan; where statements must never be prepared (PgBouncer in transaction mode), none is,
+    and the reads are the same."""
+    dsn = postgres_schema(uuid.uuid4().hex)
+    config: Any = {"configurable": {"thread_id": "t"}}
+    one = Settings(pool_min_size=1, pool_max_size=1)
+
+    def prepared_state_reads(saver: Any) -> list[tuple[int, int]]:
+        with saver.backend.engine._sync_pool().connection() as conn:
+            return conn.execute(_PREPARED_STATE_READS).fetchall()
+
+    with open_checkpointer("postgres", dsn, settings=one) as saver:
+        run_turns(build_agent(saver), "t", 2)
+        for _ in range(3):
+            newest = saver.get_tuple(config)
+        assert newest is not None
+        reads = prepared_state_reads(saver)
+        assert len(reads) == 1
+        generic, custom = reads[0]
+        assert generic >= 3
+        assert custom == 0
+    with open_checkpointer("postgres", dsn, settings=one, prepare_threshold=None) as saver:
+        unprepared = saver.get_tuple(config)
+        assert prepared_state_reads(saver) == []
+    assert unprepared is not None
+    assert unprepared.checkpoint == newest.checkpoint
+
+
+def test_p7_owned_connections_keep_the_options_of_the_connection_string(
+    provider: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """threadkeep's session settings go ahead of the connection string's own ``options`` (or
+    ``PGOPTIONS``), which still apply, and win where they set the same."""
+    from threadkeep.backends.postgres.engine import PostgresEngine
+    from threadkeep.core.retry import RetryPolicy
+
+    retry = RetryPolicy(attempts=1, backoff=0, retryable=lambda e: False, store="postgres")
+    show = (
+        "SELECT current_setting('plan_cache_mode'), current_setting('jit'),"
+        " current_setting('application_name')"
+    )
+    own = f"{POSTGRES_URL} options='-c application_name=mine -c jit=on'"
+    with PostgresEngine(own, retry=retry).connect() as conn:
+        assert conn.execute(show).fetchone() == ("force_generic_plan", "on", "mine")
+    monkeypatch.setenv("PGOPTIONS", "-c application_name=from-env")
+    with PostgresEngine(POSTGRES_URL, retry=retry).connect() as conn:
+        assert conn.execute(show).fetchone() == ("force_generic_plan", "off", "from-env")
 
 
 def test_s1_long_lists_are_walked_by_pages_and_read_the_same_without_them(provider: Any) -> None:

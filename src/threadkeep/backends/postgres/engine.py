@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import os
 import re
 import threading
 import time
@@ -40,6 +41,19 @@ __all__ = ["PoolOptions", "PostgresEngine", "is_connection_error"]
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
+
+# Session settings of the connections threadkeep opens, ahead of the connection string's own
+# ``options`` (or ``PGOPTIONS``), which win where they set the same:
+# - plan_cache_mode: a prepared statement runs on its generic plan from its first run, so a
+#   connection plans a statement planned once (``planned_once``: the state read) at its first
+#   use, where Postgres would plan it again at each of its first five runs. Only prepared
+#   statements follow it: the writes (after ``prepare_threshold`` runs) and those.
+# - enable_seqscan: every statement threadkeep sends finds its rows by key; a plan kept for a
+#   session must still probe by key once a table that was nearly empty when it was made (and
+#   analyzed then) has grown. Only a read of a whole table (listing every thread, store
+#   statistics) would rather read it in order, and still does where no index serves it.
+# - jit: compiling a plan costs more than any of threadkeep's statements takes to run.
+SESSION_OPTIONS = "-c plan_cache_mode=force_generic_plan -c enable_seqscan=off -c jit=off"
 
 
 def check_alive(conn: psycopg.Connection[Any]) -> None:
@@ -100,6 +114,9 @@ class PostgresEngine:
         options: How owned pools are built.
         pool: A sync pool the application owns; used as given, never closed here.
         async_pool: An async pool the application owns; used as given, never closed here.
+        planned_once: Statements whose one plan suits every parameter: each is prepared at
+            its first run on a connection (unless the connection never prepares, as under
+            PgBouncer's transaction mode), so the connection plans it once.
     """
 
     def __init__(
@@ -110,8 +127,10 @@ class PostgresEngine:
         options: PoolOptions | None = None,
         pool: ConnectionPool | None = None,
         async_pool: AsyncConnectionPool | None = None,
+        planned_once: frozenset[str] = frozenset(),
     ) -> None:
         self.conninfo = conninfo
+        self.planned_once = planned_once
         self.retry = retry
         self.options = options or PoolOptions()
         self._given_pool = pool
@@ -143,10 +162,16 @@ class PostgresEngine:
         return psycopg.conninfo.make_conninfo("", **params) or "postgres (from PG* variables)"
 
     def _connection_kwargs(self) -> dict[str, Any]:
+        try:
+            given = psycopg.conninfo.conninfo_to_dict(self.conninfo).get("options")
+        except psycopg.ProgrammingError:  # the connection itself says what is wrong
+            given = None
+        given = given or os.environ.get("PGOPTIONS")
         return {
             "autocommit": True,
             "prepare_threshold": self.options.prepare_threshold,
             "connect_timeout": int(self.options.connect_timeout),
+            "options": f"{SESSION_OPTIONS} {given}" if given else SESSION_OPTIONS,
         }
 
     def _pool_kwargs(self) -> dict[str, Any]:
@@ -217,14 +242,16 @@ class PostgresEngine:
         each statement sees its own snapshot either way, and a one-statement read then costs
         one round trip)."""
         return self._retrying(
-            lambda: self._once(make, self._sync_pool().connection(), write and atomic, _prepare(write))
+            lambda: self._once(
+                make, self._sync_pool().connection(), write and atomic, _Preparing(write, self.planned_once)
+            )
         )
 
     def setup(self, make: ProgramFactory[T]) -> T:
         """Like :meth:`run`, on a short-lived connection: the format gate and migrations run
         before any pool is needed (an application that only uses the async API never opens a
         sync pool)."""
-        return self._retrying(lambda: self._once(make, self.connect(), True, False))
+        return self._retrying(lambda: self._once(make, self.connect(), True, _Preparing(False)))
 
     def _retrying(self, attempt: Callable[[], T]) -> T:
         tries = 0
@@ -246,7 +273,7 @@ class PostgresEngine:
         make: ProgramFactory[T],
         connection: AbstractContextManager[psycopg.Connection[Any]],
         transaction: bool,
-        prepare: bool | None,
+        prepare: _Preparing,
     ) -> T:
         with connection as conn:
             try:
@@ -267,7 +294,7 @@ class PostgresEngine:
                     try:
                         return await drive_async(
                             _round_trips(make(), write and atomic),
-                            partial(_send_async, conn, prepare=_prepare(write)),
+                            partial(_send_async, conn, prepare=_Preparing(write, self.planned_once)),
                         )
                     except BaseException:
                         await _rollback_async(conn)
@@ -449,36 +476,47 @@ def _statements(request: Any) -> tuple[list[Sql | SqlMany], Callable[[list[Any]]
     raise TypeError(f"the postgres engine cannot run {request!r}")
 
 
-def _prepare(write: bool) -> bool | None:
-    """Whether statements may become prepared (psycopg's threshold decides), by program kind.
+@dataclass(frozen=True, slots=True)
+class _Preparing:
+    """Which statements of a program become prepared statements.
 
-    Reads never are: a prepared statement runs, after five executions, on a generic plan,
-    which for a read whose best plan depends on its parameters (a list's filters, a sweep's
-    page) can scan where the custom plan probes an index. The state read, whose plans are
-    index probes whatever its parameters, keeps its plan inside the ``tk_state`` function
-    instead (migration 6). Writes keep the saving.
+    A write's may, once psycopg's threshold says so: they skip parsing and planning. A
+    read's are not: a prepared statement runs on a generic plan (at once, on threadkeep's
+    connections: ``SESSION_OPTIONS``), which for a read whose best plan depends on its
+    parameters (a list's filters, a sweep's page) can scan where a plan made for the
+    parameters probes an index. Statements planned once (``planned``, whatever the program)
+    are prepared at their first run, unless the connection never prepares.
     """
-    return None if write else False
+
+    write: bool
+    planned: frozenset[str] = frozenset()
+
+    def __call__(self, conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any], sql: str) -> bool | None:
+        """psycopg's ``prepare`` for ``sql`` on ``conn``."""
+        if sql in self.planned and conn.prepare_threshold is not None:
+            return True
+        return None if self.write else False
 
 
-def _send(conn: psycopg.Connection[Any], statements: list[_Statement], prepare: bool | None) -> list[Any]:
+def _send(conn: psycopg.Connection[Any], statements: list[_Statement], prepare: _Preparing) -> list[Any]:
     """One round trip: a lone statement as itself, several in one pipeline."""
     if len(statements) == 1 and isinstance(statements[0], Sql):
-        return [_rows(conn.execute(statements[0].sql, statements[0].params, prepare=prepare, binary=True))]
+        lone = statements[0]
+        return [_rows(conn.execute(lone.sql, lone.params, prepare=prepare(conn, lone.sql), binary=True))]
     with conn.pipeline():
         cursors = [_queue(conn, statement, prepare) for statement in statements]
     return [_result(statement, cursor) for statement, cursor in zip(statements, cursors, strict=True)]
 
 
 def _queue(
-    conn: psycopg.Connection[Any], statement: _Statement, prepare: bool | None
+    conn: psycopg.Connection[Any], statement: _Statement, prepare: _Preparing
 ) -> psycopg.Cursor[Any] | None:
     if isinstance(statement, str):
         return conn.execute(statement)
     if isinstance(statement, SqlMany):
         conn.cursor().executemany(statement.sql, statement.rows)
         return None
-    return conn.execute(statement.sql, statement.params, prepare=prepare, binary=True)
+    return conn.execute(statement.sql, statement.params, prepare=prepare(conn, statement.sql), binary=True)
 
 
 def _result(statement: _Statement, cursor: psycopg.Cursor[Any] | None) -> Any:
@@ -503,11 +541,12 @@ def _rollback(conn: psycopg.Connection[Any]) -> None:
 
 
 async def _send_async(
-    conn: psycopg.AsyncConnection[Any], statements: list[_Statement], prepare: bool | None
+    conn: psycopg.AsyncConnection[Any], statements: list[_Statement], prepare: _Preparing
 ) -> list[Any]:
     if len(statements) == 1 and isinstance(statements[0], Sql):
         lone = statements[0]
-        return [await _rows_async(await conn.execute(lone.sql, lone.params, prepare=prepare, binary=True))]
+        cursor = await conn.execute(lone.sql, lone.params, prepare=prepare(conn, lone.sql), binary=True)
+        return [await _rows_async(cursor)]
     async with conn.pipeline():
         cursors = [await _queue_async(conn, statement, prepare) for statement in statements]
     return [
@@ -517,14 +556,15 @@ async def _send_async(
 
 
 async def _queue_async(
-    conn: psycopg.AsyncConnection[Any], statement: _Statement, prepare: bool | None
+    conn: psycopg.AsyncConnection[Any], statement: _Statement, prepare: _Preparing
 ) -> psycopg.AsyncCursor[Any] | None:
     if isinstance(statement, str):
         return await conn.execute(statement)
     if isinstance(statement, SqlMany):
         await conn.cursor().executemany(statement.sql, statement.rows)
         return None
-    return await conn.execute(statement.sql, statement.params, prepare=prepare, binary=True)
+    prepared = prepare(conn, statement.sql)
+    return await conn.execute(statement.sql, statement.params, prepare=prepared, binary=True)
 
 
 async def _rows_async(cursor: psycopg.AsyncCursor[Any] | None) -> list[Any] | None:
