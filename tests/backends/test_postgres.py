@@ -198,6 +198,26 @@ def test_s1_long_lists_are_walked_by_pages_and_read_the_same_without_them(provid
     assert read_back() == written
 
 
+def test_s1_a_list_missing_a_stored_message_fails_the_read_naming_what_is_missing(provider: Any) -> None:
+    """A message row lost from under its list (a hand-made delete) fails a new reader's read
+    of that state, saying how many of the list's messages are stored; nothing passes for the
+    list with a message left out."""
+    from threadkeep import CheckpointSerializationError
+
+    dsn = postgres_schema(uuid.uuid4().hex)
+    config: Any = {"configurable": {"thread_id": "t"}}
+    with open_checkpointer("postgres", dsn, settings=Settings()) as writer:
+        run_turns(build_agent(writer), "t", 2)
+    with connect(dsn) as conn:
+        conn.execute("DELETE FROM tk_messages WHERE digest = (SELECT digest FROM tk_messages LIMIT 1)")
+    expected = f"incomplete: {2 * MESSAGES_PER_TURN - 1} of {2 * MESSAGES_PER_TURN} messages are stored"
+    with (
+        open_checkpointer("postgres", dsn, settings=Settings()) as reader,
+        pytest.raises(CheckpointSerializationError, match=expected),
+    ):
+        reader.get_tuple(config)
+
+
 def test_asyncio_run_ends_while_the_pool_is_busy_with_its_own_work(provider: Any) -> None:
     """asyncio.run cancels the tasks left when its coroutine ends. A psycopg_pool worker in
     the middle of a maintenance task (a connection being added as the pool grows) takes that

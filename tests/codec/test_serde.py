@@ -272,6 +272,24 @@ def test_a_list_read_in_one_pass_is_what_each_value_reads_back_as_alone() -> Non
     assert read[6].model_fields_set == values[6].model_fields_set
 
 
+def test_a_message_naming_a_jinja2_template_is_refused_alone_and_in_a_list() -> None:
+    """LangChain's loader refuses kwargs with ``template_format="jinja2"`` (a template that
+    could run code); threadkeep's reads refuse them too, on the one-pass read of a list as
+    alone, and read every other message (another template format included) as stored."""
+    from threadkeep.core.records import decode_values
+
+    serde = build_serde()
+    fine = HumanMessage("f-string", id="f", template_format="f-string")
+    stored = [serde.dumps_typed(m) for m in (HumanMessage("a", id="a"), fine)]
+    assert decode_values(serde, stored, "messages") == [HumanMessage("a", id="a"), fine]
+    stored.append(serde.dumps_typed(HumanMessage("{{ x }}", id="j", template_format="jinja2")))
+    with pytest.raises(CheckpointSerializationError, match="Jinja2 templates are not allowed"):
+        serde.loads_typed(stored[2])
+    with pytest.raises(CheckpointSerializationError, match="Jinja2 templates are not allowed") as listed:
+        decode_values(serde, stored, "messages")
+    assert listed.value.path == "messages[2]"
+
+
 def test_a_malformed_envelope_in_a_list_is_refused_and_shifts_nothing() -> None:
     """An envelope whose ``~lc`` array holds an extra value parses inside the one-pass read
     of its list; it must still be refused, naming its index, as it is alone."""

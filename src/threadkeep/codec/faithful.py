@@ -30,7 +30,7 @@ from typing import Any, Final
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import orjson
-from langchain_core.load.load import Reviver
+from langchain_core.load.load import Reviver, default_init_validator
 from langchain_core.load.serializable import Serializable
 from langgraph.types import Send
 from pydantic import BaseModel
@@ -87,6 +87,10 @@ def _reviver() -> Reviver:
 
 
 _LC_VALIDATOR: Final = _reviver().init_validator
+# The key LangChain's own validator looks at: it refuses kwargs whose template_format is
+# "jinja2" and passes any others, so kwargs without the key need no call. None for any
+# other validator, which sees every kwargs.
+_LC_VALIDATED_KEY: Final = "template_format" if _LC_VALIDATOR is default_init_validator else None
 _LC_PREFIX: Final = b'{"~lc":['
 _MARK: Final = b'"~'
 _NOT_PLAIN: Final = object()
@@ -775,7 +779,7 @@ class FaithfulCodec:
         parsed = iter(every)
         # As in _revive_plain: kwargs whose bytes hold no "~" hold no envelope.
         marked = b"~" in joined
-        validate = _LC_VALIDATOR
+        validate, validated_key = _LC_VALIDATOR, _LC_VALIDATED_KEY
         out: list[Any] = []
         try:
             for raw, found in zip(raws, builders, strict=True):
@@ -787,7 +791,7 @@ class FaithfulCodec:
                     out.append(self.decode(raw))
                     continue
                 key, build = found
-                if validate is not None:
+                if validate is not None and (validated_key is None or validated_key in kwargs):
                     validate(key, kwargs)
                 out.append(build(kwargs))
         except CheckpointSerializationError:  # a value decoded one by one
@@ -819,7 +823,7 @@ class FaithfulCodec:
             # (a one-byte search is far cheaper than walking the parsed kwargs).
             if raw.find(b"~", end) >= 0 and not _plain(kwargs):
                 return _NOT_PLAIN
-            if _LC_VALIDATOR is not None:
+            if _LC_VALIDATOR is not None and (_LC_VALIDATED_KEY is None or _LC_VALIDATED_KEY in kwargs):
                 _LC_VALIDATOR(key, kwargs)
             return build(kwargs)
         except orjson.JSONDecodeError:

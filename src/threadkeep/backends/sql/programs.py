@@ -544,30 +544,43 @@ def _lock_threads(q: SqlDialect, tids: set[int]) -> Sql:
     return Sql(q.LOCK_THREADS, {"tids": q.text_list([str(tid) for tid in sorted(tids)])})
 
 
+# Where a message's depth, digest, type and payload are in a row of a chain walk
+# (SELECT_CHAIN), and in a walked message's row (kind 3) of a state statement.
+_CHAIN_COLUMNS: Final = (0, 1, 2, 3)
+_STATE_COLUMNS: Final = (11, 13, 7, 8)
+
+
 def _stored(
     thread_id: str, checkpoint_ns: str, rows: list[Any], *, branch: bool
-) -> tuple[StoredCheckpoint, dict[bytes, list[tuple[int, bytes, str, bytes]]]]:
+) -> tuple[StoredCheckpoint, dict[bytes, list[Any]]]:
     """The rows of one SELECT_STATE statement: a checkpoint, its values and pending writes,
-    and the messages of the lists the statement walked: (depth, digest, type, payload) by
-    tail."""
+    and the rows of the messages the statement walked, by list tail (``_STATE_COLUMNS``)."""
     stored = StoredCheckpoint(thread_id=thread_id, checkpoint_ns=checkpoint_ns, branch=branch)
-    walked: dict[bytes, dict[int, tuple[int, bytes, str, bytes]]] = {}
-    for (
-        kind,
-        tid,
-        checkpoint_id,
-        parent_id,
-        structure,
-        metadata,
-        channel,
-        vtype,
-        value,
-        task_id,
-        path,
-        idx,
-        tail,
-        digest,
-    ) in rows:
+    walked: dict[bytes, list[Any]] = {}
+    for row in rows:
+        if row[0] == 3:  # most rows: a message of a list, placed by _walked_list
+            tail = row[12]
+            of_list = walked.get(tail)
+            if of_list is None:
+                of_list = walked[bytes(tail)] = []
+            of_list.append(row)
+            continue
+        (
+            kind,
+            tid,
+            checkpoint_id,
+            parent_id,
+            structure,
+            metadata,
+            channel,
+            vtype,
+            value,
+            task_id,
+            path,
+            idx,
+            tail,
+            digest,
+        ) = row
         if kind == 0:
             stored.key = int(tid)
             stored.checkpoint_id = checkpoint_id
@@ -579,18 +592,16 @@ def _stored(
             stored.values.append((channel, vtype, bytes(value)))
         elif kind == 2:
             stored.writes.append((path, task_id, idx, channel, vtype, bytes(value)))
-        elif kind == 4:
+        else:  # 4
             stored.messages[bytes(digest)] = (vtype, bytes(value))
-        else:  # two channels holding one list walk it twice: one row per depth is kept
-            walked.setdefault(bytes(tail), {})[idx] = (idx, digest, vtype, value)
-    return stored, {tail: list(rows.values()) for tail, rows in walked.items()}
+    return stored, walked
 
 
 def _message_lists(
     q: SqlDialect,
     content: ContentCache,
     states: Sequence[StoredCheckpoint],
-    walked: Mapping[bytes, list[tuple[int, bytes, str, bytes]]] | None = None,
+    walked: Mapping[bytes, list[Any]] | None = None,
 ) -> Program[dict[bytes, list[tuple[str, bytes]]]]:
     """The (type, payload) of every message of the lists ``states`` refer to: from what the
     state statement already walked, else from the content cache, else walked in the store,
@@ -603,7 +614,9 @@ def _message_lists(
             if tail in lists:
                 continue
             if walked and tail in walked:
-                lists[tail] = _walked_list(content, state.thread_id, tail, count, walked[tail])
+                lists[tail] = _walked_list(
+                    content, state.thread_id, tail, count, walked[tail], columns=_STATE_COLUMNS
+                )
                 continue
             cached = content.messages(tail)
             if cached is not None and len(cached) == count:
@@ -649,23 +662,33 @@ def _referenced_messages(
 
 
 def _walked_list(
-    content: ContentCache, thread_id: str, tail: bytes, count: int, rows: list[Any]
+    content: ContentCache,
+    thread_id: str,
+    tail: bytes,
+    count: int,
+    rows: list[Any],
+    *,
+    columns: tuple[int, int, int, int] = _CHAIN_COLUMNS,
 ) -> list[tuple[str, bytes]]:
-    """A list from the rows of a chain walk, (depth, digest, type, payload) in any order."""
-    if len(rows) != count:
-        raise CheckpointSerializationError(
-            f"message history is incomplete: {len(rows)} of {count} messages are stored"
-        )
+    """A list from the rows of a chain walk, in any order, each holding a message's depth,
+    digest, type and payload at ``columns``. A depth may come twice: two channels holding
+    one list walk it twice."""
+    depth_at, digest_at, kind_at, payload_at = columns
     digests: list[Any] = [None] * count
     entries: list[Any] = [None] * count
-    for depth, digest, kind, payload in rows:
-        if not 0 <= depth < count:
-            break
+    for row in rows:
+        depth = row[depth_at]
+        if not 0 <= depth < count:  # corrupt links
+            raise CheckpointSerializationError(
+                f"message history is inconsistent: a message at depth {depth} of a {count}-message list"
+            )
         at = count - 1 - depth
-        digests[at] = bytes(digest)
-        entries[at] = (kind, bytes(payload))
-    if None in digests:  # a depth out of range, or twice (so another is missing): corrupt links
-        raise CheckpointSerializationError(f"message history is inconsistent: {count} messages, not in order")
+        digests[at] = bytes(row[digest_at])
+        entries[at] = (row[kind_at], bytes(row[payload_at]))
+    if None in digests:
+        raise CheckpointSerializationError(
+            f"message history is incomplete: {count - digests.count(None)} of {count} messages are stored"
+        )
     content.keep(tail, digests, entries, thread_id)
     return entries
 
