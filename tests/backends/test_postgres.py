@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import contextlib
 import functools
@@ -63,39 +64,43 @@ _PREPARED_STATE_READS = (
 )
 
 
-def _state_params(thread_id: str) -> dict[str, object]:
-    return {"thread_id": thread_id, "owner": None, "checkpoint_ns": "", "checkpoint_id": None, "walk": True}
-
-
 def test_the_state_read_probes_indexes_on_an_empty_store_and_after_it_grew(provider: Any) -> None:
-    """Each connection keeps one plan of the state read, made at its first read: a plan made
-    on small, unanalyzed tables must still probe by key once they hold a history (no
-    sequential scan), and read the right state."""
-    from threadkeep.backends.postgres.queries import SELECT_STATE_LATEST
+    """Each connection keeps one plan of the state read, made at its first read, whatever
+    pool it comes from: a plan made on small, unanalyzed tables must still probe by key once
+    they hold a history (no sequential scan), and read the right state."""
+    from psycopg_pool import ConnectionPool
 
     dsn = postgres_schema(uuid.uuid4().hex)
-    with open_checkpointer("postgres", dsn, settings=Settings()) as saver:
-        assert saver.get_tuple({"configurable": {"thread_id": "first"}}) is None
-        run_turns(build_agent(saver), "first", 3)
-        engine = saver.backend.engine
-    with engine.connect() as conn:  # a connection as threadkeep's pools open them
-        notices: list[str] = []
+    notices: list[str] = []
+
+    def explained(conn: Any) -> None:  # every plan the connection runs, as a notice
         conn.add_notice_handler(lambda diagnostic: notices.append(diagnostic.message_primary or ""))
         conn.execute("LOAD 'auto_explain'")
         conn.execute("SET auto_explain.log_min_duration = 0")
         conn.execute("SET client_min_messages = log")
-        read = functools.partial(conn.execute, SELECT_STATE_LATEST, prepare=True, binary=True)
-        assert read(_state_params("nobody")).fetchall() == []  # its plan is made on 3 turns' rows
-        conn.execute("SET client_min_messages = notice")
-        run_turns(build_agent(open_checkpointer("postgres", dsn, settings=Settings())), "second", 2)
-        conn.execute("SET client_min_messages = log")
-        notices.clear()
-        kinds = [row[0] for row in read(_state_params("second")).fetchall()]
-        conn.execute("SET client_min_messages = notice")
-        ((generic, custom),) = conn.execute(_PREPARED_STATE_READS).fetchall()
-    assert kinds.count(0) == 1
-    assert kinds.count(3) == 2 * MESSAGES_PER_TURN
-    assert (generic, custom) == (2, 0)  # one plan, made at the first read
+
+    with open_checkpointer("postgres", dsn, settings=Settings()) as writer:
+        assert writer.get_tuple({"configurable": {"thread_id": "first"}}) is None
+        run_turns(build_agent(writer), "first", 3)
+        # The application's pool: none of threadkeep's settings on its connections.
+        pool = ConnectionPool(
+            dsn, min_size=1, max_size=1, kwargs={"autocommit": True}, configure=explained, open=False
+        )
+        pool.open()
+        try:
+            with open_checkpointer("postgres", dsn, settings=Settings(), pool=pool) as reader:
+                assert reader.get_tuple({"configurable": {"thread_id": "nobody"}}) is None  # planned now
+                run_turns(build_agent(writer), "second", 2)
+                notices.clear()
+                state = reader.get_tuple({"configurable": {"thread_id": "second"}})
+            with pool.connection() as conn:
+                conn.execute("SET client_min_messages = notice")
+                plan_runs = conn.execute(_PREPARED_STATE_READS).fetchall()
+        finally:
+            pool.close()
+    assert state is not None
+    assert len(state.checkpoint["channel_values"]["messages"]) == 2 * MESSAGES_PER_TURN
+    assert plan_runs == [(2, 0)]  # one plan, made at the first read, for both
     plans = "\n".join(notices)
     assert "Index Scan using tk_message_links_pkey" in plans
     assert "Index Scan using tk_messages_pkey" in plans
@@ -103,54 +108,76 @@ def test_the_state_read_probes_indexes_on_an_empty_store_and_after_it_grew(provi
     assert "Seq Scan" not in plans
 
 
-def test_the_state_read_is_planned_once_by_each_of_threadkeeps_connections(provider: Any) -> None:
-    """A saver's connections prepare the state read at their first read and keep its one
-    plan; where statements must never be prepared (PgBouncer in transaction mode), none is,
-    and the reads are the same."""
+def test_the_state_read_is_planned_once_where_statements_are_prepared(provider: Any) -> None:
+    """A saver's connections prepare the state read and run it on its one generic plan;
+    where statements are never prepared (PgBouncer in transaction mode), the function
+    tk_state, which keeps its own plans, reads the same state instead."""
     dsn = postgres_schema(uuid.uuid4().hex)
     config: Any = {"configurable": {"thread_id": "t"}}
     one = Settings(pool_min_size=1, pool_max_size=1)
-
-    def prepared_state_reads(saver: Any) -> list[tuple[int, int]]:
-        with saver.backend.engine._sync_pool().connection() as conn:
-            return conn.execute(_PREPARED_STATE_READS).fetchall()
-
     with open_checkpointer("postgres", dsn, settings=one) as saver:
         run_turns(build_agent(saver), "t", 2)
         for _ in range(3):
             newest = saver.get_tuple(config)
-        assert newest is not None
-        reads = prepared_state_reads(saver)
-        assert len(reads) == 1
-        generic, custom = reads[0]
-        assert generic >= 3
-        assert custom == 0
+        with saver.backend.engine._sync_pool().connection() as conn:
+            ((generic, custom),) = conn.execute(_PREPARED_STATE_READS).fetchall()
+    assert newest is not None
+    assert generic >= 3
+    assert custom == 0
     with open_checkpointer("postgres", dsn, settings=one, prepare_threshold=None) as saver:
         unprepared = saver.get_tuple(config)
-        assert prepared_state_reads(saver) == []
+        with saver.backend.engine._sync_pool().connection() as conn:
+            assert conn.execute(_PREPARED_STATE_READS).fetchall() == []
+            conn.execute("DROP FUNCTION tk_state")
+        with pytest.raises(Exception, match="tk_state"):
+            saver.get_tuple(config)
     assert unprepared is not None
     assert unprepared.checkpoint == newest.checkpoint
+    with open_checkpointer("postgres", dsn, settings=one) as saver:  # prepares: needs no function
+        assert saver.get_tuple(config) == newest
 
 
-def test_p7_owned_connections_keep_the_options_of_the_connection_string(
-    provider: Any, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """threadkeep's session settings go ahead of the connection string's own ``options`` (or
-    ``PGOPTIONS``), which still apply, and win where they set the same."""
-    from threadkeep.backends.postgres.engine import PostgresEngine
-    from threadkeep.core.retry import RetryPolicy
+def test_the_state_statement_returns_what_tk_state_returns(provider: Any) -> None:
+    """The two forms of the state read (the prepared statement, and the function that runs
+    where statements are never prepared) return the same rows, for every thread, namespace,
+    checkpoint, owner and walk: message lists with pages, a fork, a subgraph's namespace
+    with an interrupted task's writes, a thread that does not exist."""
+    from tests.graphs import subgraph_graph
+    from threadkeep.backends.postgres.queries import PLANNED_ONCE, SELECT_STATE_AT, SELECT_STATE_LATEST
 
-    retry = RetryPolicy(attempts=1, backoff=0, retryable=lambda e: False, store="postgres")
-    show = (
-        "SELECT current_setting('plan_cache_mode'), current_setting('jit'),"
-        " current_setting('application_name')"
-    )
-    own = f"{POSTGRES_URL} options='-c application_name=mine -c jit=on'"
-    with PostgresEngine(own, retry=retry).connect() as conn:
-        assert conn.execute(show).fetchone() == ("force_generic_plan", "on", "mine")
-    monkeypatch.setenv("PGOPTIONS", "-c application_name=from-env")
-    with PostgresEngine(POSTGRES_URL, retry=retry).connect() as conn:
-        assert conn.execute(show).fetchone() == ("force_generic_plan", "off", "from-env")
+    dsn = postgres_schema(uuid.uuid4().hex)
+    with open_checkpointer("postgres", dsn, settings=Settings()) as saver:
+        graph = build_agent(saver)
+        run_turns(graph, "agent", 5)  # 40 messages: a page closes at position 31
+        config: Any = {"configurable": {"thread_id": "agent"}}
+        middle = next(s for s in graph.get_state_history(config) if len(s.values["messages"]) == 20)
+        graph.update_state(middle.config, {"messages": [HumanMessage("a fork", id="fork")]})
+        subgraph_graph(saver).invoke({"topic": "t", "notes": []}, {"configurable": {"thread_id": "nested"}})
+    with connect(dsn) as conn:
+        found = conn.execute(
+            "SELECT t.thread_id, c.checkpoint_ns, c.checkpoint_id"
+            " FROM tk_threads AS t JOIN tk_checkpoints AS c USING (tid)"
+        ).fetchall()
+        owners = [row[0] for row in conn.execute("SELECT DISTINCT owner FROM tk_threads")]
+        cases = {*found, *((thread, ns, None) for thread, ns, _ in found), ("nobody", "", None)}
+        states = 0
+        for thread_id, ns, checkpoint_id in cases:
+            for owner in (None, *owners, "someone else"):
+                for walk in (True, False):
+                    params = {
+                        "thread_id": thread_id,
+                        "owner": owner,
+                        "checkpoint_ns": ns,
+                        "checkpoint_id": checkpoint_id,
+                        "walk": walk,
+                    }
+                    statement = SELECT_STATE_LATEST if checkpoint_id is None else SELECT_STATE_AT
+                    rows = conn.execute(statement, params, binary=True).fetchall()
+                    by_function = conn.execute(PLANNED_ONCE[statement], params, binary=True).fetchall()
+                    assert collections.Counter(rows) == collections.Counter(by_function), params
+                    states += bool(rows)
+    assert states > 100  # most cases read a state
+    assert len({ns for _, ns, _ in found}) == 2  # the root's namespace and the subgraph's
 
 
 def test_s1_long_lists_are_walked_by_pages_and_read_the_same_without_them(provider: Any) -> None:

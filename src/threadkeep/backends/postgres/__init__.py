@@ -26,8 +26,13 @@ _OPTIONS = frozenset({"pool", "async_pool", "prepare_threshold", "min_size", "ma
 
 def _engine(settings: Settings, **options: Any) -> PostgresEngine:
     try:
-        from threadkeep.backends.postgres.engine import PoolOptions, PostgresEngine, is_connection_error
-        from threadkeep.backends.postgres.queries import PLANNED_ONCE
+        from threadkeep.backends.postgres.engine import (
+            PlannedOnce,
+            PoolOptions,
+            PostgresEngine,
+            is_connection_error,
+        )
+        from threadkeep.backends.postgres.queries import PLANNED_ONCE, PLANNED_ONCE_SETTINGS
     except ImportError as exc:  # pragma: no cover - exercised only without the extra
         raise MissingExtraError(
             "the postgres provider needs psycopg 3 and psycopg-pool: pip install 'threadkeep[postgres]'"
@@ -55,7 +60,7 @@ def _engine(settings: Settings, **options: Any) -> PostgresEngine:
         ),
         pool=pool,
         async_pool=async_pool,
-        planned_once=PLANNED_ONCE,
+        planned_once=PlannedOnce(PLANNED_ONCE, PLANNED_ONCE_SETTINGS),
     )
 
 

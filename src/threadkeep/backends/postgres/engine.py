@@ -20,16 +20,15 @@ import asyncio
 import contextlib
 import functools
 import logging
-import os
 import re
 import threading
 import time
 import weakref
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Mapping
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
 import psycopg
 from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
@@ -37,23 +36,10 @@ from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
 from threadkeep.core.program import Batch, Program, ProgramFactory, Sql, SqlMany, drive, drive_async
 from threadkeep.core.retry import RetryPolicy
 
-__all__ = ["PoolOptions", "PostgresEngine", "is_connection_error"]
+__all__ = ["PlannedOnce", "PoolOptions", "PostgresEngine", "is_connection_error"]
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
-
-# Session settings of the connections threadkeep opens, ahead of the connection string's own
-# ``options`` (or ``PGOPTIONS``), which win where they set the same:
-# - plan_cache_mode: a prepared statement runs on its generic plan from its first run, so a
-#   connection plans a statement planned once (``planned_once``: the state read) at its first
-#   use, where Postgres would plan it again at each of its first five runs. Only prepared
-#   statements follow it: the writes (after ``prepare_threshold`` runs) and those.
-# - enable_seqscan: every statement threadkeep sends finds its rows by key; a plan kept for a
-#   session must still probe by key once a table that was nearly empty when it was made (and
-#   analyzed then) has grown. Only a read of a whole table (listing every thread, store
-#   statistics) would rather read it in order, and still does where no index serves it.
-# - jit: compiling a plan costs more than any of threadkeep's statements takes to run.
-SESSION_OPTIONS = "-c plan_cache_mode=force_generic_plan -c enable_seqscan=off -c jit=off"
 
 
 def check_alive(conn: psycopg.Connection[Any]) -> None:
@@ -105,6 +91,29 @@ class PoolOptions:
     prepare_threshold: int | None = 5
 
 
+@dataclass(frozen=True, slots=True)
+class PlannedOnce:
+    """Statements whose one plan suits every parameter (index probes by key): each runs as a
+    prepared statement on its generic plan, so a connection plans it at its first run and
+    then only after an ``ANALYZE`` or a schema change of a table it reads.
+
+    Attributes:
+        statements: Each such statement, and the statement that runs instead on a connection
+            that never prepares (``prepare_threshold=None``: PgBouncer's transaction mode
+            before 1.21), with the same parameters.
+        settings: A statement setting the planner settings they are planned and run with,
+            for their transaction only: it goes in the same pipeline, just before, and the
+            two run in one implicit transaction (nothing of it outlives the statement, on
+            any pool, through any pooler).
+    """
+
+    statements: Mapping[str, str] = field(default_factory=dict)
+    settings: str = ""
+
+
+_NONE_PLANNED: Final = PlannedOnce()
+
+
 class PostgresEngine:
     """Pools and transactions for one Postgres database.
 
@@ -114,9 +123,7 @@ class PostgresEngine:
         options: How owned pools are built.
         pool: A sync pool the application owns; used as given, never closed here.
         async_pool: An async pool the application owns; used as given, never closed here.
-        planned_once: Statements whose one plan suits every parameter: each is prepared at
-            its first run on a connection (unless the connection never prepares, as under
-            PgBouncer's transaction mode), so the connection plans it once.
+        planned_once: Statements each connection plans once (see :class:`PlannedOnce`).
     """
 
     def __init__(
@@ -127,10 +134,10 @@ class PostgresEngine:
         options: PoolOptions | None = None,
         pool: ConnectionPool | None = None,
         async_pool: AsyncConnectionPool | None = None,
-        planned_once: frozenset[str] = frozenset(),
+        planned_once: PlannedOnce | None = None,
     ) -> None:
         self.conninfo = conninfo
-        self.planned_once = planned_once
+        self.planned_once = planned_once or _NONE_PLANNED
         self.retry = retry
         self.options = options or PoolOptions()
         self._given_pool = pool
@@ -162,16 +169,10 @@ class PostgresEngine:
         return psycopg.conninfo.make_conninfo("", **params) or "postgres (from PG* variables)"
 
     def _connection_kwargs(self) -> dict[str, Any]:
-        try:
-            given = psycopg.conninfo.conninfo_to_dict(self.conninfo).get("options")
-        except psycopg.ProgrammingError:  # the connection itself says what is wrong
-            given = None
-        given = given or os.environ.get("PGOPTIONS")
         return {
             "autocommit": True,
             "prepare_threshold": self.options.prepare_threshold,
             "connect_timeout": int(self.options.connect_timeout),
-            "options": f"{SESSION_OPTIONS} {given}" if given else SESSION_OPTIONS,
         }
 
     def _pool_kwargs(self) -> dict[str, Any]:
@@ -251,7 +252,8 @@ class PostgresEngine:
         """Like :meth:`run`, on a short-lived connection: the format gate and migrations run
         before any pool is needed (an application that only uses the async API never opens a
         sync pool)."""
-        return self._retrying(lambda: self._once(make, self.connect(), True, _Preparing(False)))
+        prepare = _Preparing(False, self.planned_once)
+        return self._retrying(lambda: self._once(make, self.connect(), True, prepare))
 
     def _retrying(self, attempt: Callable[[], T]) -> T:
         tries = 0
@@ -478,34 +480,64 @@ def _statements(request: Any) -> tuple[list[Sql | SqlMany], Callable[[list[Any]]
 
 @dataclass(frozen=True, slots=True)
 class _Preparing:
-    """Which statements of a program become prepared statements.
+    """Which statements of a program become prepared statements, and how.
 
     A write's may, once psycopg's threshold says so: they skip parsing and planning. A
-    read's are not: a prepared statement runs on a generic plan (at once, on threadkeep's
-    connections: ``SESSION_OPTIONS``), which for a read whose best plan depends on its
-    parameters (a list's filters, a sweep's page) can scan where a plan made for the
-    parameters probes an index. Statements planned once (``planned``, whatever the program)
-    are prepared at their first run, unless the connection never prepares.
+    read's are not: a prepared statement runs, after five executions, on a generic plan,
+    which for a read whose best plan depends on its parameters (a list's filters, a sweep's
+    page) can scan where a plan made for the parameters probes an index. A statement
+    planned once (``planned``), whatever the program, is prepared at its first run, behind
+    its settings (:func:`_planned`).
     """
 
     write: bool
-    planned: frozenset[str] = frozenset()
+    planned: PlannedOnce
 
     def __call__(self, conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any], sql: str) -> bool | None:
         """psycopg's ``prepare`` for ``sql`` on ``conn``."""
-        if sql in self.planned and conn.prepare_threshold is not None:
+        if sql in self.planned.statements and conn.prepare_threshold is not None:
             return True
         return None if self.write else False
 
 
+def _planned(
+    conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any],
+    statements: list[_Statement],
+    prepare: _Preparing,
+) -> tuple[list[_Statement], Callable[[list[Any]], list[Any]]]:
+    """The statements of a round trip as they are sent, and how their results make the
+    round trip's: a lone statement planned once goes behind its settings, or is replaced by
+    its stand-in on a connection that never prepares."""
+    if len(statements) != 1 or not isinstance(statements[0], Sql):
+        return statements, _as_sent
+    lone = statements[0]
+    stand_in = prepare.planned.statements.get(lone.sql)
+    if stand_in is None:
+        return statements, _as_sent
+    if conn.prepare_threshold is None:
+        return [Sql(stand_in, lone.params)], _as_sent
+    return [Sql(prepare.planned.settings, {}), lone], _last
+
+
+def _as_sent(results: list[Any]) -> list[Any]:
+    return results
+
+
+def _last(results: list[Any]) -> list[Any]:
+    return results[-1:]
+
+
 def _send(conn: psycopg.Connection[Any], statements: list[_Statement], prepare: _Preparing) -> list[Any]:
     """One round trip: a lone statement as itself, several in one pipeline."""
+    statements, results = _planned(conn, statements, prepare)
     if len(statements) == 1 and isinstance(statements[0], Sql):
         lone = statements[0]
         return [_rows(conn.execute(lone.sql, lone.params, prepare=prepare(conn, lone.sql), binary=True))]
     with conn.pipeline():
         cursors = [_queue(conn, statement, prepare) for statement in statements]
-    return [_result(statement, cursor) for statement, cursor in zip(statements, cursors, strict=True)]
+    return results(
+        [_result(statement, cursor) for statement, cursor in zip(statements, cursors, strict=True)]
+    )
 
 
 def _queue(
@@ -543,16 +575,19 @@ def _rollback(conn: psycopg.Connection[Any]) -> None:
 async def _send_async(
     conn: psycopg.AsyncConnection[Any], statements: list[_Statement], prepare: _Preparing
 ) -> list[Any]:
+    statements, results = _planned(conn, statements, prepare)
     if len(statements) == 1 and isinstance(statements[0], Sql):
         lone = statements[0]
         cursor = await conn.execute(lone.sql, lone.params, prepare=prepare(conn, lone.sql), binary=True)
         return [await _rows_async(cursor)]
     async with conn.pipeline():
         cursors = [await _queue_async(conn, statement, prepare) for statement in statements]
-    return [
-        cursor.statusmessage if isinstance(statement, str) and cursor else await _rows_async(cursor)
-        for statement, cursor in zip(statements, cursors, strict=True)
-    ]
+    return results(
+        [
+            cursor.statusmessage if isinstance(statement, str) and cursor else await _rows_async(cursor)
+            for statement, cursor in zip(statements, cursors, strict=True)
+        ]
+    )
 
 
 async def _queue_async(

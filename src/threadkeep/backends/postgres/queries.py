@@ -344,13 +344,13 @@ _STEP = """CASE WHEN l.page IS NULL THEN l.prev ELSE l.page_prev END, coalesce(l
 # Every lookup in it is an index probe by key: the thread, then the checkpoint, then each
 # channel value, link and message as a LATERAL lookup, LIMIT 1 so the planner cannot flatten
 # it into a join (which would hash every row of the thread: it grows with history). So one
-# plan suits every parameter: the engine prepares it, and each connection plans it once, at
-# its first read (PLANNED_ONCE). A page is unpacked by generate_series(0, 31), filtered:
-# constant bounds give the planner a row estimate. Rows go out as they are found, so the
-# client reads the first while the server looks up the rest. (Migration 6 made this read the
-# PL/pgSQL function tk_state, for its cached plan; a function gathers every row before it
-# returns the first, which cost a 320-message read about 0.7 ms. The function stays in the
-# schema, unused.)
+# plan suits every parameter: each connection plans it once (PLANNED_ONCE). A page is
+# unpacked by generate_series(0, 31), filtered: constant bounds give the planner a row
+# estimate. Rows go out as they are found, so the client reads the first while the server
+# looks up the rest. Migration 6 had made this read the PL/pgSQL function tk_state, which
+# keeps its plans for the session but gathers every row before it returns the first (about
+# 0.5 ms of a 320-message read); it is the same read, and runs where statements are never
+# prepared.
 _STATE = f"""
 WITH RECURSIVE cp AS (
     SELECT c.tid, c.checkpoint_id, c.parent_id, c.checkpoint, c.metadata, c.vals
@@ -434,9 +434,22 @@ CROSS JOIN LATERAL (
 """
 SELECT_STATE_LATEST = _STATE.format(checkpoint="ORDER BY c.checkpoint_id DESC LIMIT 1")
 SELECT_STATE_AT = _STATE.format(checkpoint="AND c.checkpoint_id = %(checkpoint_id)s LIMIT 1")
-# Statements whose one plan suits every parameter: the engine prepares them at their first
-# run, on a generic plan (see PostgresEngine).
-PLANNED_ONCE = frozenset({SELECT_STATE_LATEST, SELECT_STATE_AT})
+SELECT_STATE_BY_FUNCTION = """
+SELECT * FROM tk_state(%(thread_id)s, %(owner)s, %(checkpoint_ns)s, %(checkpoint_id)s, %(walk)s)
+"""
+# Statements whose one plan suits every parameter, each with what runs instead on a
+# connection that never prepares (PgBouncer's transaction mode before 1.21): the engine runs
+# them as prepared statements on their generic plan (PlannedOnce).
+PLANNED_ONCE = {SELECT_STATE_LATEST: SELECT_STATE_BY_FUNCTION, SELECT_STATE_AT: SELECT_STATE_BY_FUNCTION}
+# The planner settings they are planned and run with, for their transaction only (the
+# engine sends this just before them, in one implicit transaction): the generic plan from
+# the first run, so a connection plans them once; no sequential scan, so a plan made on a
+# table nearly empty (and analyzed then) still probes by key once the table has grown; no
+# JIT, which costs more than any of these runs. Those tk_state sets for itself.
+PLANNED_ONCE_SETTINGS = """
+SELECT set_config('plan_cache_mode', 'force_generic_plan', true), set_config('enable_seqscan', 'off', true),
+       set_config('jit', 'off', true)
+"""
 
 # Walks a message chain from its tail, a single link or a page (migration 6) at a time, as
 # the state read does; depth 0 is the last message. %(count)s bounds the walk. Rows come back in
