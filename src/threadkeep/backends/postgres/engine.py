@@ -486,8 +486,8 @@ class _Preparing:
     read's are not: a prepared statement runs, after five executions, on a generic plan,
     which for a read whose best plan depends on its parameters (a list's filters, a sweep's
     page) can scan where a plan made for the parameters probes an index. A statement
-    planned once (``planned``), whatever the program, is prepared at its first run, behind
-    its settings (:func:`_planned`).
+    planned once (``planned``), whatever the program, is prepared at its first run, and so
+    is the statement of its settings that goes before it (:func:`_planned`).
     """
 
     write: bool
@@ -495,7 +495,8 @@ class _Preparing:
 
     def __call__(self, conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any], sql: str) -> bool | None:
         """psycopg's ``prepare`` for ``sql`` on ``conn``."""
-        if sql in self.planned.statements and conn.prepare_threshold is not None:
+        planned = sql in self.planned.statements or sql == self.planned.settings
+        if planned and conn.prepare_threshold is not None:
             return True
         return None if self.write else False
 
