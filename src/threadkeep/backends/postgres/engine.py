@@ -563,7 +563,14 @@ def _rows(cursor: psycopg.Cursor[Any] | None) -> list[Any] | None:
     """A synced cursor's rows (``[]`` for a statement without a result)."""
     if cursor is None:
         return None
-    return cursor.fetchall() if cursor.description is not None else []
+    return cursor.fetchall() if _returns_rows(cursor) else []
+
+
+def _returns_rows(cursor: psycopg.Cursor[Any] | psycopg.AsyncCursor[Any]) -> bool:
+    """Whether the cursor's statement returned rows, as ``cursor.description is not None``
+    says, without building a column object per column (about 35 µs for the state read's)."""
+    result = cursor.pgresult
+    return result is not None and (result.nfields > 0 or result.status == psycopg.pq.ExecStatus.TUPLES_OK)
 
 
 def _rollback(conn: psycopg.Connection[Any]) -> None:
@@ -606,7 +613,7 @@ async def _queue_async(
 async def _rows_async(cursor: psycopg.AsyncCursor[Any] | None) -> list[Any] | None:
     if cursor is None:
         return None
-    return await cursor.fetchall() if cursor.description is not None else []
+    return await cursor.fetchall() if _returns_rows(cursor) else []
 
 
 async def _rollback_async(conn: psycopg.AsyncConnection[Any]) -> None:
