@@ -305,3 +305,23 @@ def test_a_malformed_envelope_in_a_list_is_refused_and_shifts_nothing() -> None:
     with pytest.raises(CheckpointSerializationError, match="malformed LangChain envelope") as listed:
         decode_values(serde, stored, "messages")
     assert listed.value.path == "messages[1]"
+
+
+def test_kwargs_that_are_not_one_json_value_each_are_refused_not_shifted_into_neighbours() -> None:
+    """Three stored messages whose kwargs are each broken (an unclosed string, a stray
+    object) but which, joined, would parse as three objects: the one-pass read of their
+    list must not hand one message's bytes to another; it refuses the first broken one, as
+    reading it alone does."""
+    from threadkeep.core.records import decode_values
+
+    serde = build_serde()
+    stored = [serde.dumps_typed(HumanMessage(text, id=text)) for text in ("a", "b", "c")]
+    kind, raw = stored[0]
+    prefix = raw[: raw.index(b"],{") + 2]
+    broken = [b'{"content":"}', b'{"}', b'{"content":"a","id":"a"},{"content":"b","id":"b"}']
+    stored = [(kind, prefix + kwargs + b"]}") for kwargs in broken]
+    with pytest.raises(CheckpointSerializationError):
+        serde.loads_typed(stored[0])
+    with pytest.raises(CheckpointSerializationError) as listed:
+        decode_values(serde, stored, "messages")
+    assert listed.value.path == "messages[0]"

@@ -20,6 +20,7 @@ import enum
 import importlib
 import inspect
 import math
+import secrets
 import sys
 import uuid
 from collections.abc import Callable, Collection, Iterable, Sequence
@@ -775,14 +776,20 @@ class FaithfulCodec:
             builders.append(found)
         if not parts:
             return [self.decode(raw) for raw in raws]
-        joined = b"[" + b",".join(parts) + b"]"
+        # The parts go between copies of a number drawn now, which no stored bytes can
+        # know: parsed, the list alternates kwargs and that number only if every part is
+        # one JSON value by itself. A part that is not (an unclosed string or bracket, two
+        # objects) moves or swallows a copy, so stored bytes cannot shift a neighbour's
+        # kwargs into a message; they are decoded one by one instead, and refused.
+        nonce = secrets.randbits(62)
+        joined = b"[" + (b",%d," % nonce).join(parts) + b"]"
         try:
             every = orjson.loads(joined)
-        except orjson.JSONDecodeError:  # a kwargs part that is not JSON by itself
+        except orjson.JSONDecodeError:
             return [self.decode(raw) for raw in raws]
-        if len(every) != len(parts):  # a part held more than one value: a malformed envelope
+        if len(every) != 2 * len(parts) - 1 or every[1::2] != [nonce] * (len(parts) - 1):
             return [self.decode(raw) for raw in raws]
-        parsed = iter(every)
+        parsed = iter(every[::2])
         # As in _revive_plain: kwargs whose bytes hold no "~" hold no envelope.
         marked = b"~" in joined
         validate, validated_key = _LC_VALIDATOR, _LC_VALIDATED_KEY
