@@ -233,3 +233,21 @@ def test_s1_memo_never_keeps_a_digest_marshal_cannot_tell_from_an_edit(
     else:
         messages[1].additional_kwargs["v"] = after
     check("3")
+
+
+def test_a_walked_list_from_buffers_is_kept_as_bytes_in_list_order() -> None:
+    """A pool an application configured may load ``bytea`` as buffers, not bytes: a walked
+    list is then placed by depth all the same, and what the content cache keeps (and a
+    later put looks its digests up by) is bytes."""
+    from threadkeep.backends.sql.programs import _walked_list
+
+    stored = [SERDE.dumps_typed(HumanMessage(text, id=text)) for text in ("a", "b", "c")]
+    digests = [bytes([i]) * 16 for i in range(3)]
+    # (depth, digest, type, payload), the last message first as a walk may return them
+    rows = [(2 - i, memoryview(digests[i]), stored[i][0], memoryview(stored[i][1])) for i in (2, 0, 1)]
+    content = ContentCache()
+    tail = b"t" * 16
+    assert _walked_list(content, "thread", tail, 3, rows) == stored
+    assert content.messages(tail) == stored
+    assert all(type(payload) is bytes for _, payload in content.messages(tail) or [])
+    assert content.payload(digests[1]) == stored[1]
