@@ -526,3 +526,118 @@ def test_typed_array_parameters_reach_the_server_as_the_lists_they_wrap(provider
         ]
     with connect(POSTGRES_URL) as conn, pytest.raises(psycopg.DataError, match="32-bit"):
         conn.execute("SELECT %(n)b::integer[]", typed_arrays("SELECT %(n)b::integer[]", {"n": [2**31]}))
+
+
+def _statement(sql: str, **params: Any) -> Any:
+    """A program of one statement, whose rows it returns (run ``atomic=False``: the
+    statement is its transaction, as a ``put_writes``'s is)."""
+    from threadkeep.core.program import Sql
+
+    def program() -> Any:
+        return (yield Sql(sql, params))
+
+    return program
+
+
+async def test_concurrent_calls_share_round_trips_and_each_commits_or_fails_alone(provider: Any) -> None:
+    """Concurrent calls' first round trips go out together on one connection, each still its
+    own transaction: a statement that fails fails its own call, rolled back, and the calls
+    sent with it are stored and answered."""
+    import psycopg
+
+    from threadkeep import StorageError
+
+    dsn = postgres_schema(uuid.uuid4().hex)
+    with connect(dsn) as conn:
+        conn.execute("CREATE TABLE coalesced (k INTEGER PRIMARY KEY)")
+    with open_checkpointer("postgres", dsn, settings=Settings(pool_max_size=4)) as saver:
+        engine = saver.backend.engine
+        await saver.aget_tuple({"configurable": {"thread_id": "nothing"}})  # the pool is open
+        (pool,) = engine._async_pools.values()
+        before = pool.get_stats().get("requests_num", 0)
+        inserts = [
+            engine.arun(
+                _statement("INSERT INTO coalesced VALUES (%(k)s) RETURNING k", k=k), write=True, atomic=False
+            )
+            for k in range(20)
+        ]
+        twice = engine.arun(
+            _statement("INSERT INTO coalesced VALUES (1000), (1000)"), write=True, atomic=False
+        )
+        *stored, failed = await asyncio.gather(*inserts, twice, return_exceptions=True)
+        requests = pool.get_stats().get("requests_num", 0) - before
+    assert stored == [[(k,)] for k in range(20)]
+    assert isinstance(failed, StorageError)
+    assert isinstance(failed.__cause__, psycopg.errors.UniqueViolation)
+    with connect(dsn) as conn:
+        assert [k for (k,) in conn.execute("SELECT k FROM coalesced ORDER BY k")] == list(range(20))
+    # one connection for the 21 round trips, and one for the failed one sent again alone
+    # (21 without coalescing)
+    assert requests <= 3
+
+
+async def test_a_coalesced_call_waiting_on_a_lock_does_not_hold_up_the_others(provider: Any) -> None:
+    """A round trip that waits for a row lock another transaction holds gives up its place
+    in the shared pipeline after a short wait and waits alone: the calls sent with it are
+    answered meanwhile."""
+    dsn = postgres_schema(uuid.uuid4().hex)
+    with connect(dsn) as conn:
+        conn.execute("CREATE TABLE coalesced (k INTEGER PRIMARY KEY, n INTEGER NOT NULL DEFAULT 0)")
+        conn.execute("INSERT INTO coalesced (k) VALUES (0)")
+    with open_checkpointer("postgres", dsn, settings=Settings(pool_max_size=4)) as saver:
+        engine = saver.backend.engine
+        blocker = connect(dsn)
+        blocker.autocommit = False
+        blocker.execute("SELECT 1 FROM coalesced WHERE k = 0 FOR UPDATE")
+        try:
+            update = _statement("UPDATE coalesced SET n = n + 1 WHERE k = 0 RETURNING n")
+            waiting = asyncio.ensure_future(engine.arun(update, write=True, atomic=False))
+            insert = "INSERT INTO coalesced (k) VALUES (%(k)s) RETURNING k"
+            inserts = [engine.arun(_statement(insert, k=k), write=True, atomic=False) for k in range(1, 11)]
+            stored = await asyncio.wait_for(asyncio.gather(*inserts), 5)
+            assert stored == [[(k,)] for k in range(1, 11)]
+            assert not waiting.done()  # still waiting for the lock, on its own connection
+        finally:
+            blocker.rollback()
+            blocker.close()
+        assert await asyncio.wait_for(waiting, 5) == [(1,)]
+
+
+async def test_w4_a_connection_dropped_under_coalesced_calls_retries_each(provider: Any) -> None:
+    """The backend of a shared pipeline is terminated while it runs: every call sent on it
+    is retried on its own (as after any dropped connection) and nothing is stored twice or
+    lost; the call that terminates its backend at every try fails with StorageError."""
+    from threadkeep import StorageError
+
+    dsn = postgres_schema(uuid.uuid4().hex)
+    with connect(dsn) as conn:
+        conn.execute("CREATE TABLE coalesced (k INTEGER PRIMARY KEY)")
+    settings = Settings(pool_max_size=4, retry_attempts=3, retry_backoff_seconds=0.01)
+    with open_checkpointer("postgres", dsn, settings=settings) as saver:
+        engine = saver.backend.engine
+        await saver.aget_tuple({"configurable": {"thread_id": "nothing"}})
+        insert = "INSERT INTO coalesced VALUES (%(k)s) ON CONFLICT DO NOTHING"
+        calls = [engine.arun(_statement(insert, k=k), write=True, atomic=False) for k in range(10)]
+        kill = engine.arun(
+            _statement("SELECT pg_terminate_backend(pg_backend_pid())"), write=True, atomic=False
+        )
+        more = [engine.arun(_statement(insert, k=k), write=True, atomic=False) for k in range(10, 20)]
+        *done, killed = await asyncio.gather(*calls, *more, kill, return_exceptions=True)
+    assert not [result for result in done if isinstance(result, BaseException)]
+    assert isinstance(killed, StorageError)
+    with connect(dsn) as conn:
+        assert [k for (k,) in conn.execute("SELECT k FROM coalesced ORDER BY k")] == list(range(20))
+
+
+async def test_a_coalesced_pipeline_leaves_no_setting_on_its_connection(provider: Any) -> None:
+    """The lock wait bound of a shared pipeline ends with it: the next call on the same
+    connection waits for locks as the server's settings say."""
+    settings = Settings(pool_min_size=1, pool_max_size=1)
+    with open_checkpointer("postgres", postgres_schema(uuid.uuid4().hex), settings=settings) as saver:
+        engine = saver.backend.engine
+        selects = [
+            engine.arun(_statement("SELECT %(k)s::integer", k=k), write=True, atomic=False) for k in range(5)
+        ]
+        assert await asyncio.gather(*selects) == [[(k,)] for k in range(5)]
+        # a transaction is never coalesced: it runs on the pool's one connection by itself
+        assert await engine.arun(_statement("SHOW lock_timeout"), write=True) == [("0",)]

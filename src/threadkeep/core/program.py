@@ -16,6 +16,8 @@ from typing import Any, Protocol, TypeVar
 __all__ = ["Batch", "Engine", "Program", "ProgramFactory", "Sql", "SqlMany", "drive", "drive_async"]
 
 T = TypeVar("T")
+# drive_async's default request: none made yet, the program is to be started.
+_FIRST: Any = object()
 T_co = TypeVar("T_co", covariant=True)
 
 Program = Generator[Any, Any, T]
@@ -115,11 +117,15 @@ def drive(program: Program[T], execute: Callable[[Any], Any]) -> T:
         return stop.value  # type: ignore[no-any-return]
 
 
-async def drive_async(program: Program[T], execute: Callable[[Any], Awaitable[Any]]) -> T:
+async def drive_async(
+    program: Program[T], execute: Callable[[Any], Awaitable[Any]], request: Any = _FIRST
+) -> T:
     """Run ``program`` to its end, answering each request with ``await execute(request)``
-    (failures are raised inside the program, as :func:`drive` says)."""
+    (failures are raised inside the program, as :func:`drive` says). ``request``: the
+    request a program already started has made, to answer first."""
     try:
-        request = next(program)
+        if request is _FIRST:
+            request = next(program)
         while True:
             try:
                 reply = await execute(request)
