@@ -555,16 +555,13 @@ async def test_concurrent_calls_share_round_trips_and_each_commits_or_fails_alon
         await saver.aget_tuple({"configurable": {"thread_id": "nothing"}})  # the pool is open
         (pool,) = engine._async_pools.values()
         before = pool.get_stats().get("requests_num", 0)
-        inserts = [
-            engine.arun(
-                _statement("INSERT INTO coalesced VALUES (%(k)s) RETURNING k", k=k), write=True, atomic=False
-            )
-            for k in range(20)
-        ]
+        # the failing call first: its error reaches psycopg while the others are queued
         twice = engine.arun(
             _statement("INSERT INTO coalesced VALUES (1000), (1000)"), write=True, atomic=False
         )
-        *stored, failed = await asyncio.gather(*inserts, twice, return_exceptions=True)
+        insert = "INSERT INTO coalesced VALUES (%(k)s) RETURNING k"
+        inserts = [engine.arun(_statement(insert, k=k), write=True, atomic=False) for k in range(20)]
+        failed, *stored = await asyncio.gather(twice, *inserts, return_exceptions=True)
         requests = pool.get_stats().get("requests_num", 0) - before
     assert stored == [[(k,)] for k in range(20)]
     assert isinstance(failed, StorageError)
@@ -577,9 +574,9 @@ async def test_concurrent_calls_share_round_trips_and_each_commits_or_fails_alon
 
 
 async def test_a_coalesced_call_waiting_on_a_lock_does_not_hold_up_the_others(provider: Any) -> None:
-    """A round trip that waits for a row lock another transaction holds gives up its place
-    in the shared pipeline after a short wait and waits alone: the calls sent with it are
-    answered meanwhile."""
+    """A write that waits for a row lock another transaction holds gives up its place in
+    its shared pipeline after a short wait, and waits alone: the calls sent with it, and
+    after it, are answered meanwhile."""
     dsn = postgres_schema(uuid.uuid4().hex)
     with connect(dsn) as conn:
         conn.execute("CREATE TABLE coalesced (k INTEGER PRIMARY KEY, n INTEGER NOT NULL DEFAULT 0)")
@@ -591,22 +588,28 @@ async def test_a_coalesced_call_waiting_on_a_lock_does_not_hold_up_the_others(pr
         blocker.execute("SELECT 1 FROM coalesced WHERE k = 0 FOR UPDATE")
         try:
             update = _statement("UPDATE coalesced SET n = n + 1 WHERE k = 0 RETURNING n")
+            # two writes that wait, each alone in a pipeline of its own: both pipelines out
             waiting = asyncio.ensure_future(engine.arun(update, write=True, atomic=False))
+            await asyncio.sleep(0.005)
+            also = asyncio.ensure_future(engine.arun(update, write=True, atomic=False))
+            await asyncio.sleep(0.005)
             insert = "INSERT INTO coalesced (k) VALUES (%(k)s) RETURNING k"
             inserts = [engine.arun(_statement(insert, k=k), write=True, atomic=False) for k in range(1, 11)]
             stored = await asyncio.wait_for(asyncio.gather(*inserts), 5)
             assert stored == [[(k,)] for k in range(1, 11)]
-            assert not waiting.done()  # still waiting for the lock, on its own connection
+            # both still waiting for the lock, each on a connection of its own
+            assert not waiting.done()
+            assert not also.done()
         finally:
             blocker.rollback()
             blocker.close()
-        assert await asyncio.wait_for(waiting, 5) == [(1,)]
+        assert sorted(await asyncio.wait_for(asyncio.gather(waiting, also), 5)) == [[(1,)], [(2,)]]
 
 
 async def test_w4_a_connection_dropped_under_coalesced_calls_retries_each(provider: Any) -> None:
     """The backend of a shared pipeline is terminated while it runs: every call sent on it
-    is retried on its own (as after any dropped connection) and nothing is stored twice or
-    lost; the call that terminates its backend at every try fails with StorageError."""
+    is retried on its own (as after any dropped connection) and nothing is lost; the call
+    that terminates its backend at every try fails with StorageError."""
     from threadkeep import StorageError
 
     dsn = postgres_schema(uuid.uuid4().hex)

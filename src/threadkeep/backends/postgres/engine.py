@@ -27,7 +27,7 @@ import re
 import threading
 import time
 import weakref
-from collections.abc import Callable, Generator, Mapping
+from collections.abc import Awaitable, Callable, Generator, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from functools import partial
@@ -307,9 +307,9 @@ class PostgresEngine:
                     request = next(program)
                 except StopIteration as stop:  # a program with nothing to do
                     return stop.value  # type: ignore[no-any-return]
-                coalescer = self._coalescer() if tries == 1 and _coalescible(request) else None
+                coalescer = self._coalescer() if tries == 1 and _coalescible(request, prepare) else None
                 if coalescer is not None:
-                    reply = await coalescer.send(pool, request, prepare)
+                    reply = await coalescer.send(request, prepare)
                     if reply is not _ALONE:
                         try:
                             request = program.send(reply)
@@ -337,7 +337,7 @@ class PostgresEngine:
         loop = asyncio.get_running_loop()
         coalescer = self._coalescers.get(loop)
         if coalescer is None:
-            coalescer = self._coalescers[loop] = _Coalescer(_QUEUE_SYNC)
+            coalescer = self._coalescers[loop] = _Coalescer(_QUEUE_SYNC, self._async_pool)
         return coalescer
 
     def connect(self) -> psycopg.Connection[Any]:
@@ -657,13 +657,12 @@ _QUEUE_SYNC: Final[Callable[[psycopg.AsyncPipeline], None] | None] = getattr(
 # A coalesced round trip whose statement failed: it rolled back alone, and is sent again on a
 # connection of its own, where its failure reaches its program as any failure does.
 _ALONE: Final = object()
-# A coalesced round trip waits for a lock no longer than this: one waiting on a row another
-# transaction holds (a thread a delete or a locked put holds) would hold up every round trip
-# behind it in the pipeline. Timed out, it is sent again alone (_ALONE), to wait as long as
-# it must. Set for the pipeline's session, and reset in its last statement (a connection
-# whose reset did not run is closed: no setting outlives its pipeline).
-_BOUND_LOCK_WAITS: Final = "SET lock_timeout = '20ms'"
-_UNBOUND_LOCK_WAITS: Final = "RESET lock_timeout"
+# Goes first in a coalesced write: Postgres runs a pipeline's statements one after another,
+# so a write waiting for a row another transaction holds (a thread a delete or a locked put
+# holds) would hold up every round trip behind it, and its pipeline. It waits no longer than
+# this (for its own implicit transaction: nothing outlives it, through any pooler), and is
+# then sent again alone (_ALONE), to wait as long as it must.
+_BOUND_LOCK_WAITS: Final = "SELECT set_config('lock_timeout', '20ms', true)"
 _SUCCEEDED: Final = (psycopg.pq.ExecStatus.TUPLES_OK, psycopg.pq.ExecStatus.COMMAND_OK)
 
 
@@ -671,10 +670,19 @@ _SUCCEEDED: Final = (psycopg.pq.ExecStatus.TUPLES_OK, psycopg.pq.ExecStatus.COMM
 _Shape = Callable[[list[Any]], list[Any]]
 
 
-def _coalescible(request: list[_Statement]) -> bool:
-    """Whether a first round trip can go with other calls': statements only (no BEGIN, so
-    it opens no transaction), each one row set."""
-    return all(type(statement) is Sql for statement in request)
+def _coalescible(request: list[_Statement], prepare: _Preparing) -> bool:
+    """Whether a first round trip can go with other calls': statements only (no BEGIN, so it
+    opens no transaction), and a write's or a state read's (planned once: index probes, so
+    it holds up no pipeline for long; a page of a list, say, may read a great deal)."""
+    statements = [statement for statement in request if isinstance(statement, Sql)]
+    if len(statements) != len(request):
+        return False
+    return prepare.write or all(statement.sql in prepare.planned.statements for statement in statements)
+
+
+def _bounded(statements: list[_Statement], results: _Shape) -> tuple[list[_Statement], _Shape]:
+    """A coalesced write's statements, behind :data:`_BOUND_LOCK_WAITS`."""
+    return [Sql(_BOUND_LOCK_WAITS, {}), *statements], lambda rows: results(rows[1:])
 
 
 @dataclass(slots=True)
@@ -689,40 +697,46 @@ class _Waiting:
 class _Coalescer:
     """First round trips of concurrent calls on one event loop, sent together.
 
-    A call hands over its first round trip if it opens no transaction (:func:`_coalescible`)
-    and waits. One connection sends every round trip waiting, each followed by a Sync, in
-    one pipeline: each round trip is still its own implicit transaction, committed or rolled
-    back alone, as on a connection of its own; what the calls share is the pool checkout,
-    the send and the wait. A lone call goes at once; calls that come while ``IN_FLIGHT``
-    pipelines are out wait for the next, at most ``MOST`` round trips each. In the
-    benchmark's 32 conversations this cut the client's CPU per turn by about a fifth
-    (``docs/benchmarks.md``).
-
-    Postgres runs a pipeline's statements one after another, so a round trip waiting for a
-    lock would hold up the ones behind it: in a pipeline a lock wait ends after
-    :data:`_BOUND_LOCK_WAITS`, and the round trip is sent again alone.
+    A call hands over its first round trip if :func:`_coalescible` allows and waits. One
+    connection sends every round trip waiting, each followed by a Sync, in one pipeline: each
+    round trip is still its own implicit transaction, committed or rolled back alone, as on a
+    connection of its own; what the calls share is the pool checkout, the send and the wait.
+    A lone call goes at once; calls that come while ``IN_FLIGHT`` pipelines are out wait for
+    the next, at most ``MOST`` round trips each. In the benchmark's 32 conversations this cut
+    the client's CPU per turn by about a fifth (``docs/benchmarks.md``). A write waits for a
+    lock no longer than :data:`_BOUND_LOCK_WAITS` says, then goes alone.
 
     A round trip whose statement fails is answered :data:`_ALONE` (it rolled back alone, and
     its call sends it again by itself, where the failure takes its usual path); the others
-    of its pipeline are answered as usual. A dropped connection answers every round trip of
-    its pipeline with the error, whose calls retry as after any dropped connection (SPEC W4):
-    a round trip may have committed before the drop, as a lone one may.
+    of its pipeline are answered as usual. psycopg raises a pipeline's first error when it
+    comes, maybe while a later round trip is being queued: queuing goes on, and every round
+    trip is judged by its own statements' results. An error no statement's result explains
+    (a COMMIT at a Sync failing, which READ COMMITTED writes without deferred constraints
+    never do) answers every round trip with it, as does a dropped connection: their calls
+    retry as after any dropped connection (SPEC W4), since a round trip may have committed
+    before the drop, as a lone one may.
     """
 
     IN_FLIGHT: Final = 2
     MOST: Final = 64
 
-    def __init__(self, queue_sync: Callable[[psycopg.AsyncPipeline], None]) -> None:
+    def __init__(
+        self,
+        queue_sync: Callable[[psycopg.AsyncPipeline], None],
+        pool: Callable[[], Awaitable[AsyncConnectionPool]],
+    ) -> None:
         self.queue_sync = queue_sync
+        self.pool = pool  # the loop's pool at each pipeline (a closed one is replaced)
         self.waiting: list[_Waiting] = []
         self.running = 0
         self.tasks: set[asyncio.Task[None]] = set()  # the running ones, kept from the collector
 
-    async def send(self, pool: AsyncConnectionPool, statements: list[_Statement], prepare: _Preparing) -> Any:
+    async def send(self, statements: list[_Statement], prepare: _Preparing) -> Any:
         """The results of ``statements`` as :func:`_send_async` gives them, or :data:`_ALONE`.
 
         Raises:
-            Exception: the error that dropped the connection the round trip went on.
+            Exception: what dropped the connection the round trip went on (or, rarely, an
+                error of its pipeline that no statement's result explains).
         """
         loop = asyncio.get_running_loop()
         reply: asyncio.Future[Any] = loop.create_future()
@@ -731,18 +745,18 @@ class _Coalescer:
             # Counted here and uncounted at the flush's last step, with no await between
             # its finding nothing waiting and that: a round trip is never left unsent.
             self.running += 1
-            task = loop.create_task(self._flush(pool), name="threadkeep-coalescer")
+            task = loop.create_task(self._flush(), name="threadkeep-coalescer")
             self.tasks.add(task)
             task.add_done_callback(self.tasks.discard)
         return await reply
 
-    async def _flush(self, pool: AsyncConnectionPool) -> None:
+    async def _flush(self) -> None:
         try:
             while self.waiting:
                 batch = [waiting for waiting in self.waiting[: self.MOST] if not waiting.reply.done()]
                 del self.waiting[: self.MOST]
                 if batch:
-                    await self._pipeline(pool, batch)
+                    await self._pipeline(batch)
         except BaseException:  # cancelled with its loop: so are the calls waiting
             for waiting in self.waiting:
                 waiting.reply.cancel()
@@ -751,41 +765,36 @@ class _Coalescer:
         finally:
             self.running -= 1
 
-    async def _pipeline(self, pool: AsyncConnectionPool, batch: list[_Waiting]) -> None:
-        sent: list[tuple[_Waiting, list[psycopg.AsyncCursor[Any] | None], _Shape]] = []
+    async def _pipeline(self, batch: list[_Waiting]) -> None:
+        sent: list[tuple[_Waiting, list[psycopg.AsyncCursor[Any]], _Shape]] = []
+        errors: list[Exception] = []
         try:
+            pool = await self.pool()
             async with pool.connection() as conn:
-                failure: Exception | None = None
-                # Only a write with round trips behind it needs the bound (reads take no locks).
-                bound = any(waiting.prepare.write for waiting in batch[:-1])
-                reset: psycopg.AsyncCursor[Any] | None = None
                 try:
                     async with conn.pipeline() as pipeline:
-                        if bound:
-                            await conn.execute(_BOUND_LOCK_WAITS)
+                        for waiting in batch:
+                            statements, results = _planned(conn, waiting.statements, waiting.prepare)
+                            if waiting.prepare.write:
+                                statements, results = _bounded(statements, results)
+                            cursors = [
+                                await _queue_judged(conn, s, waiting.prepare, errors) for s in statements
+                            ]
                             self.queue_sync(pipeline)
-                        try:
-                            for waiting in batch:
-                                statements, results = _planned(conn, waiting.statements, waiting.prepare)
-                                cursors = [await _queue_async(conn, s, waiting.prepare) for s in statements]
-                                self.queue_sync(pipeline)
-                                sent.append((waiting, cursors, results))
-                        finally:
-                            if bound:
-                                reset = await conn.execute(_UNBOUND_LOCK_WAITS)
+                            sent.append((waiting, cursors, results))
                 except Exception as error:
                     if conn.broken or conn.closed:  # what reached the server is not known
                         raise
-                    failure = error  # a statement's (a lock timeout is an OperationalError too)
-                finally:
-                    if bound and not _succeeded(reset):  # the pool discards it, and the setting
-                        await conn.close()
-                answered = [all(map(_succeeded, cursors)) for _, cursors, _ in sent]
-                if failure is not None and len(sent) == len(batch) and all(answered):
-                    raise failure  # from no statement of a round trip (a Sync): whose is not known
-                for (waiting, cursors, results), ok in zip(sent, answered, strict=True):
-                    if ok and not waiting.reply.done():
+                    errors.append(error)
+            answered = [all(map(_succeeded, cursors)) for _, cursors, _ in sent]
+            if errors and all(answered):
+                raise errors[0]  # from no statement of a round trip: whose is not known
+            for (waiting, cursors, results), ok in zip(sent, answered, strict=True):
+                if ok and not waiting.reply.done():
+                    try:
                         waiting.reply.set_result(results([await _rows_async(cursor) for cursor in cursors]))
+                    except Exception as error:  # reading its rows failed: its own failure
+                        waiting.reply.set_exception(error)
         except Exception as error:
             for waiting in batch:
                 if not waiting.reply.done():
@@ -799,8 +808,28 @@ class _Coalescer:
                 waiting.reply.set_result(_ALONE)
 
 
-def _succeeded(cursor: psycopg.AsyncCursor[Any] | None) -> bool:
-    result = None if cursor is None else cursor.pgresult
+async def _queue_judged(
+    conn: psycopg.AsyncConnection[Any], statement: _Statement, prepare: _Preparing, errors: list[Exception]
+) -> psycopg.AsyncCursor[Any]:
+    """Queue one statement of a coalesced round trip; its cursor holds its result once the
+    pipeline is synced (none if it failed). psycopg may raise the error of a statement queued
+    before (or this one's own, if its parameters cannot be sent): kept, and queuing goes on
+    unless the connection dropped."""
+    assert isinstance(statement, Sql)
+    cursor = conn.cursor()
+    try:
+        await cursor.execute(
+            statement.sql, statement.params, prepare=prepare(conn, statement.sql), binary=True
+        )
+    except Exception as error:
+        if conn.broken or conn.closed:
+            raise
+        errors.append(error)
+    return cursor
+
+
+def _succeeded(cursor: psycopg.AsyncCursor[Any]) -> bool:
+    result = cursor.pgresult
     return result is not None and result.status in _SUCCEEDED
 
 
