@@ -672,8 +672,9 @@ _Shape = Callable[[list[Any]], list[Any]]
 
 def _coalescible(request: list[_Statement], prepare: _Preparing) -> bool:
     """Whether a first round trip can go with other calls': statements only (no BEGIN, so it
-    opens no transaction), and a write's or a state read's (planned once: index probes, so
-    it holds up no pipeline for long; a page of a list, say, may read a great deal)."""
+    opens no transaction), and a write's or a state read's (planned once: index probes by
+    key, so it holds up its pipeline about a millisecond at most; a page of a list may read
+    a great deal)."""
     statements = [statement for statement in request if isinstance(statement, Sql)]
     if len(statements) != len(request):
         return False
@@ -710,11 +711,12 @@ class _Coalescer:
     its call sends it again by itself, where the failure takes its usual path); the others
     of its pipeline are answered as usual. psycopg raises a pipeline's first error when it
     comes, maybe while a later round trip is being queued: queuing goes on, and every round
-    trip is judged by its own statements' results. An error no statement's result explains
-    (a COMMIT at a Sync failing, which READ COMMITTED writes without deferred constraints
-    never do) answers every round trip with it, as does a dropped connection: their calls
-    retry as after any dropped connection (SPEC W4), since a round trip may have committed
-    before the drop, as a lone one may.
+    trip is judged by its own statements' results. A COMMIT at a Sync can fail only where
+    the server's default isolation is not READ COMMITTED (threadkeep's writes have no
+    deferred constraints): an error no statement's result explains, or a transaction
+    rollback (SQLSTATE class 40), answers every round trip of the pipeline with it, as a
+    dropped connection does, and their calls retry as after any dropped connection (SPEC
+    W4): a round trip may have committed before it, as a lone one may.
     """
 
     IN_FLIGHT: Final = 2
@@ -786,9 +788,13 @@ class _Coalescer:
                     if conn.broken or conn.closed:  # what reached the server is not known
                         raise
                     errors.append(error)
-            answered = [all(map(_succeeded, cursors)) for _, cursors, _ in sent]
-            if errors and all(answered):
-                raise errors[0]  # from no statement of a round trip: whose is not known
+                answered = [all(map(_succeeded, cursors)) for _, cursors, _ in sent]
+                if errors and (all(answered) or any(map(_rolled_back, errors))):
+                    # A COMMIT at a Sync failed (a server whose default isolation is not READ
+                    # COMMITTED): whose is not known, and the results after it may be out of
+                    # step with their statements. Every round trip retries; not the connection.
+                    await conn.close()
+                    raise next(filter(_rolled_back, errors), errors[0])
             for (waiting, cursors, results), ok in zip(sent, answered, strict=True):
                 if ok and not waiting.reply.done():
                     try:
@@ -826,6 +832,12 @@ async def _queue_judged(
             raise
         errors.append(error)
     return cursor
+
+
+def _rolled_back(error: Exception) -> bool:
+    """Whether ``error`` is a transaction's rollback (SQLSTATE class 40: a serialization
+    failure, a deadlock), which a COMMIT may raise too."""
+    return isinstance(error, psycopg.errors.TransactionRollback)
 
 
 def _succeeded(cursor: psycopg.AsyncCursor[Any]) -> bool:
