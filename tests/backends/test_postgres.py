@@ -644,3 +644,39 @@ async def test_a_coalesced_pipeline_leaves_no_setting_on_its_connection(provider
         assert await asyncio.gather(*selects) == [[(k,)] for k in range(5)]
         # a transaction is never coalesced: it runs on the pool's one connection by itself
         assert await engine.arun(_statement("SHOW lock_timeout"), write=True) == [("0",)]
+
+
+async def test_a_coalesced_transaction_of_one_round_trip_stays_whole(provider: Any) -> None:
+    """A write whose one round trip holds its whole transaction (BEGIN, statements, COMMIT:
+    a put under a history limit) shares a pipeline as one transaction: a failing statement
+    rolls back the statements before it, and the transactions sent with it commit."""
+    from threadkeep import StorageError
+    from threadkeep.core.program import Batch, Sql
+
+    dsn = postgres_schema(uuid.uuid4().hex)
+    with connect(dsn) as conn:
+        conn.execute("CREATE TABLE coalesced (k INTEGER PRIMARY KEY)")
+    insert = "INSERT INTO coalesced VALUES (%(k)s)"
+
+    def pair(first: int, second: int) -> Any:
+        def program() -> Any:
+            yield Batch((Sql(insert, {"k": first}), Sql(insert, {"k": second})), ends=True)
+            return first
+
+        return program
+
+    with open_checkpointer("postgres", dsn, settings=Settings(pool_max_size=4)) as saver:
+        engine = saver.backend.engine
+        await saver.aget_tuple({"configurable": {"thread_id": "nothing"}})
+        (pool,) = engine._async_pools.values()
+        before = pool.get_stats().get("requests_num", 0)
+        failing = engine.arun(pair(100, 100), write=True)  # its second insert fails
+        pairs = [engine.arun(pair(k, k + 50), write=True) for k in range(10)]
+        failed, *stored = await asyncio.gather(failing, *pairs, return_exceptions=True)
+        requests = pool.get_stats().get("requests_num", 0) - before
+    assert stored == list(range(10))
+    assert isinstance(failed, StorageError)
+    with connect(dsn) as conn:
+        rows = [k for (k,) in conn.execute("SELECT k FROM coalesced ORDER BY k")]
+    assert rows == [*range(10), *range(50, 60)]  # not 100: its transaction rolled back whole
+    assert requests <= 3

@@ -672,13 +672,29 @@ _Shape = Callable[[list[Any]], list[Any]]
 
 def _coalescible(request: list[_Statement], prepare: _Preparing) -> bool:
     """Whether a first round trip can go with other calls': statements only (no BEGIN, so it
-    opens no transaction), and a write's or a state read's (planned once: index probes by
+    opens no transaction) or a write's whole transaction (BEGIN, statements, COMMIT: a put
+    under a history limit), and a write's or a state read's (planned once: index probes by
     key, so it holds up its pipeline about a millisecond at most; a page of a list may read
     a great deal)."""
-    statements = [statement for statement in request if isinstance(statement, Sql)]
-    if len(statements) != len(request):
+    statements = [statement for statement in _inside(request) if isinstance(statement, Sql)]
+    if len(statements) != len(_inside(request)):
         return False
     return prepare.write or all(statement.sql in prepare.planned.statements for statement in statements)
+
+
+def _inside(request: list[_Statement]) -> list[_Statement]:
+    """A round trip's statements without the BEGIN and COMMIT of a transaction it holds
+    whole: in a pipeline, the statements before a Sync are one transaction already."""
+    if len(request) > 2 and request[0] is _BEGIN and request[-1] is _COMMIT:
+        return request[1:-1]
+    return request
+
+
+def _answered(request: list[_Statement], results: _Shape) -> _Shape:
+    """How the results of :func:`_inside`'s statements make the results of ``request``."""
+    if _inside(request) is request:
+        return results
+    return lambda rows: ["BEGIN", *results(rows), _COMMIT]
 
 
 def _bounded(statements: list[_Statement], results: _Shape) -> tuple[list[_Statement], _Shape]:
@@ -776,7 +792,9 @@ class _Coalescer:
                 try:
                     async with conn.pipeline() as pipeline:
                         for waiting in batch:
-                            statements, results = _planned(conn, waiting.statements, waiting.prepare)
+                            inside = _inside(waiting.statements)
+                            statements, results = _planned(conn, inside, waiting.prepare)
+                            results = _answered(waiting.statements, results)
                             if waiting.prepare.write:
                                 statements, results = _bounded(statements, results)
                             cursors = [
