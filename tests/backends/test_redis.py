@@ -185,3 +185,25 @@ def test_key_prefixes_keep_stores_apart(open_saver: Opener) -> None:
     second = open_saver(key_prefix=first.backend.space.prefix + "x")
     run_turns(build_agent(first), "same-id", 1)
     assert second.get_tuple({"configurable": {"thread_id": "same-id"}}) is None
+
+
+async def test_more_concurrent_calls_than_the_client_has_connections_wait_for_one(
+    open_saver: Opener, provider: Any
+) -> None:
+    """An event loop's client opens at most 100 connections; calls past them wait for one
+    instead of failing with "Too many connections" (redis-py's own pool refuses them)."""
+    import asyncio
+
+    from threadkeep.backends.redis import engine
+
+    if provider.name == "redis-cluster":
+        pytest.xfail(
+            "redis-py's async cluster client refuses calls past each node's connections "
+            "(MaxConnectionsError) and has no waiting pool; calls are retried as after a "
+            "dropped connection"
+        )
+    saver = open_saver(settings=Settings(retry_attempts=1))  # a refused call would fail
+    config = {"configurable": {"thread_id": "busy"}}
+    await build_agent(saver).ainvoke(turn_input(0), config)
+    reads = await asyncio.gather(*(saver.aget_tuple(config) for _ in range(3 * engine._ASYNC_CONNECTIONS)))
+    assert all(len(read.checkpoint["channel_values"]["messages"]) == MESSAGES_PER_TURN for read in reads)

@@ -13,8 +13,9 @@ server restart costs one retry, not one per pooled connection.
 There is no lock around the engine: concurrent calls run on separate connections, and two
 writers of one thread queue on that thread's row lock inside Postgres. On an async pool the
 engine opened, concurrent calls also share round trips: a call's first round trip, when it
-opens no transaction (a put that continues its head, a ``put_writes``, a read), is sent with
-those of the other calls waiting, in one pipeline with a Sync after each (:class:`_Coalescer`).
+opens no transaction or holds a whole one (a put, a ``put_writes``, the state read), is sent
+with those of the other calls waiting, in one pipeline with a Sync after each
+(:class:`_Coalescer`).
 """
 
 from __future__ import annotations
@@ -293,8 +294,9 @@ class PostgresEngine:
 
     async def arun(self, make: ProgramFactory[T], *, write: bool = False, atomic: bool = True) -> T:
         """The same as :meth:`run`, on the event loop's own pool. A first try's first round
-        trip that opens no transaction goes with other calls' (:class:`_Coalescer`); what
-        the program asks after it, on a connection of its own."""
+        trip that opens no transaction, or holds a whole one, may go with other calls'
+        (:func:`_coalescible`, :class:`_Coalescer`); what the program asks after it, on a
+        connection of its own."""
         tries = 0
         pool: AsyncConnectionPool | None = None
         prepare = _Preparing(write, self.planned_once)

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache, partial
 from importlib import resources
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 from urllib.parse import urlsplit
 
 import redis
@@ -34,6 +34,10 @@ from threadkeep.core.retry import RetryPolicy
 __all__ = ["Command", "RedisEngine", "Scan", "Script", "is_connection_error", "script_source"]
 
 T = TypeVar("T")
+
+
+# Connections an event loop's client opens at most (redis-py's default); calls past them wait.
+_ASYNC_CONNECTIONS: Final = 100
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,10 +162,22 @@ class RedisEngine:
         loop = asyncio.get_running_loop()
         client = self._async_clients.get(loop)
         if client is None:
-            factory = redis.asyncio.cluster.RedisCluster if self.cluster else redis.asyncio.Redis
-            client = factory.from_url(
-                self.url, socket_connect_timeout=self._timeout, socket_timeout=self._socket_timeout
-            )
+            if self.cluster:
+                client = redis.asyncio.cluster.RedisCluster.from_url(
+                    self.url, socket_connect_timeout=self._timeout, socket_timeout=self._socket_timeout
+                )
+            else:
+                # redis-py's own pool refuses a call past its 100 connections ("Too many
+                # connections"); this one makes it wait for a connection, as long as a
+                # connection may take to open.
+                pool = redis.asyncio.BlockingConnectionPool.from_url(
+                    self.url,
+                    max_connections=_ASYNC_CONNECTIONS,
+                    timeout=self._timeout,
+                    socket_connect_timeout=self._timeout,
+                    socket_timeout=self._socket_timeout,
+                )
+                client = redis.asyncio.Redis.from_pool(pool)
             self._async_clients[loop] = client
         return client
 
