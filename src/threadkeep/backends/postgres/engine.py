@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import functools
 import logging
 import re
@@ -666,6 +667,8 @@ _ALONE: Final = object()
 # then sent again alone (_ALONE), to wait as long as it must.
 _BOUND_LOCK_WAITS: Final = "SELECT set_config('lock_timeout', '20ms', true)"
 _SUCCEEDED: Final = (psycopg.pq.ExecStatus.TUPLES_OK, psycopg.pq.ExecStatus.COMMAND_OK)
+# The name of the tasks that send coalesced round trips.
+_FLUSH_TASK: Final = "threadkeep-coalescer"
 
 
 # How a round trip's results are made from its statements' (see _planned).
@@ -765,7 +768,9 @@ class _Coalescer:
             # Counted here and uncounted at the flush's last step, with no await between
             # its finding nothing waiting and that: a round trip is never left unsent.
             self.running += 1
-            task = loop.create_task(self._flush(), name="threadkeep-coalescer")
+            # In a context of its own: it serves many calls, so none of their context
+            # variables (a tracer's span, say) should cover what it sends.
+            task = loop.create_task(self._flush(), name=_FLUSH_TASK, context=contextvars.Context())
             self.tasks.add(task)
             task.add_done_callback(self.tasks.discard)
         return await reply
