@@ -681,8 +681,9 @@ def _coalescible(request: list[_Statement], prepare: _Preparing) -> bool:
     under a history limit), and a write's or a state read's (planned once: index probes by
     key, so it holds up its pipeline about a millisecond at most; a page of a list may read
     a great deal)."""
-    statements = [statement for statement in _inside(request) if isinstance(statement, Sql)]
-    if len(statements) != len(_inside(request)):
+    inside = _inside(request)
+    statements = [statement for statement in inside if isinstance(statement, Sql)]
+    if len(statements) != len(inside):
         return False
     return prepare.write or all(statement.sql in prepare.planned.statements for statement in statements)
 
@@ -695,9 +696,9 @@ def _inside(request: list[_Statement]) -> list[_Statement]:
     return request
 
 
-def _answered(request: list[_Statement], results: _Shape) -> _Shape:
-    """How the results of :func:`_inside`'s statements make the results of ``request``."""
-    if _inside(request) is request:
+def _answered(request: list[_Statement], inside: list[_Statement], results: _Shape) -> _Shape:
+    """How the results of ``inside`` (:func:`_inside` of ``request``) make ``request``'s."""
+    if inside is request:
         return results
     return lambda rows: ["BEGIN", *results(rows), _COMMIT]
 
@@ -801,7 +802,7 @@ class _Coalescer:
                         for waiting in batch:
                             inside = _inside(waiting.statements)
                             statements, results = _planned(conn, inside, waiting.prepare)
-                            results = _answered(waiting.statements, results)
+                            results = _answered(waiting.statements, inside, results)
                             if waiting.prepare.write:
                                 statements, results = _bounded(statements, results)
                             cursors = [
