@@ -307,3 +307,25 @@ def test_w3_operator_scope_sees_every_thread(saver: Any) -> None:
         saver.delete_thread("t-a")
     assert saver.get_tuple(cfg("t-a", user_id="alice")) is None
     assert saver.get_tuple(cfg("t-b", user_id="bob")) is not None
+
+
+# --- closing --------------------------------------------------------------------------------
+
+
+@pytest.mark.providers("sqlite", "postgres", "redis", "tiered")
+def test_a_closed_saver_refuses_calls_and_keeps_what_it_stored(open_saver: Opener) -> None:
+    """A call on a closed saver fails with a ``StorageError`` that says so; it does not open
+    new connections behind the application's back (pools nobody would close)."""
+    saver = open_saver()
+    graph = approval_graph(saver)
+    graph.invoke({"request": "a", "answer": ""}, cfg("t-closed"))
+    saver.close()
+    with pytest.raises(StorageError, match="is closed"):
+        saver.get_tuple(cfg("t-closed"))
+    with pytest.raises(StorageError, match="is closed"):
+        asyncio.run(saver.aget_tuple(cfg("t-closed")))
+    with pytest.raises(StorageError, match="is closed"):
+        graph.invoke(Command(resume="ok"), cfg("t-closed"))
+    saver.close()  # a second close is harmless
+    reopened = approval_graph(open_saver())  # the interrupted run resumes on a new saver
+    assert reopened.invoke(Command(resume="ok"), cfg("t-closed"))["answer"] == "ok!"

@@ -40,6 +40,7 @@ from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
 
 from threadkeep.core.program import Batch, Program, ProgramFactory, Sql, SqlMany, drive, drive_async
 from threadkeep.core.retry import RetryPolicy
+from threadkeep.errors import StorageError
 
 __all__ = ["PlannedOnce", "PoolOptions", "PostgresEngine", "is_connection_error"]
 
@@ -200,11 +201,17 @@ class PostgresEngine:
     # callers using a pool still opening took its connections as they came, so that it never
     # counted as ready and closed itself when the wait timed out. A pool that cannot open in
     # time closes itself and raises PoolTimeout: nothing is published, the call is retried.
+    def _refuse_if_closed(self) -> None:
+        if self._closed:
+            raise StorageError(f"the postgres store at {self.location} is closed: open a new saver")
+
     def _sync_pool(self) -> ConnectionPool:
+        self._refuse_if_closed()
         if self._given_pool is not None:
             return self._given_pool
         if self._pool is None:
             with self._opening:
+                self._refuse_if_closed()  # close() takes the lock too
                 if self._pool is None:
                     pool = ConnectionPool(
                         self.conninfo, check=check_alive, name="threadkeep", **self._pool_kwargs()
@@ -214,6 +221,7 @@ class PostgresEngine:
         return self._pool
 
     async def _async_pool(self) -> AsyncConnectionPool:
+        self._refuse_if_closed()
         if self._given_async_pool is not None:
             return self._given_async_pool
         loop = asyncio.get_running_loop()
@@ -226,6 +234,9 @@ class PostgresEngine:
                         self.conninfo, check=check_alive_async, name="threadkeep-async", **self._pool_kwargs()
                     )
                     await pool.open(wait=True, timeout=self.options.timeout)
+                    if self._closed:  # closed from another thread while this pool opened
+                        await pool.close()
+                        self._refuse_if_closed()
                     self._async_pools[loop] = pool
                     self._closers[loop] = loop.create_task(
                         self._close_at_loop_end(loop, pool), name="threadkeep-async-pool-closer"
@@ -345,14 +356,17 @@ class PostgresEngine:
 
     def connect(self) -> psycopg.Connection[Any]:
         """One short-lived connection, closed when its ``with`` block ends."""
+        self._refuse_if_closed()
         return psycopg.connect(self.conninfo, **self._connection_kwargs())
 
     def close(self) -> None:
-        """Close the pools this engine opened; pools it was given stay open."""
-        self._closed = True
-        if self._pool is not None:
-            self._pool.close()
-            self._pool = None
+        """Close the pools this engine opened; pools it was given stay open. The engine
+        refuses work afterwards (``StorageError``), as a closed pool would."""
+        with self._opening:
+            self._closed = True
+            sync_pool, self._pool = self._pool, None
+        if sync_pool is not None:
+            sync_pool.close()
         for loop, pool in list(self._async_pools.items()):
             closer = self._closers.pop(loop, None)
             if loop.is_closed():

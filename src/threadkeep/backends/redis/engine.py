@@ -30,6 +30,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from threadkeep.core.program import ProgramFactory, drive, drive_async
 from threadkeep.core.retry import RetryPolicy
+from threadkeep.errors import StorageError
 
 __all__ = ["Command", "RedisEngine", "Scan", "Script", "is_connection_error", "script_source"]
 
@@ -114,6 +115,7 @@ class RedisEngine:
         )
         self._scripts: dict[tuple[int, str], Any] = {}
         self._cluster = cluster
+        self._closed = False
 
     @property
     def location(self) -> str:
@@ -143,7 +145,12 @@ class RedisEngine:
             if client is not self._given:
                 client.close()
 
+    def _refuse_if_closed(self) -> None:
+        if self._closed:
+            raise StorageError(f"the redis store at {self.location} is closed: open a new saver")
+
     def _sync(self) -> Any:
+        self._refuse_if_closed()
         if self._given is not None:
             return self._given
         if self._client is None:
@@ -157,6 +164,7 @@ class RedisEngine:
         return self._client
 
     def _async(self) -> Any:
+        self._refuse_if_closed()
         if self._given_async is not None:
             return self._given_async
         loop = asyncio.get_running_loop()
@@ -234,7 +242,9 @@ class RedisEngine:
         raise TypeError(f"the redis engine cannot run {request!r}")
 
     def close(self) -> None:
-        """Close the clients this engine opened; clients it was given stay open."""
+        """Close the clients this engine opened; clients it was given stay open. The engine
+        refuses work afterwards (``StorageError``)."""
+        self._closed = True
         if self._client is not None:
             self._client.close()
             self._client = None
