@@ -606,6 +606,56 @@ async def test_a_coalesced_call_waiting_on_a_lock_does_not_hold_up_the_others(pr
         assert sorted(await asyncio.wait_for(asyncio.gather(waiting, also), 5)) == [[(1,)], [(2,)]]
 
 
+@pytest.mark.parametrize("call", ["put", "put_writes"])
+async def test_a_put_or_writes_waiting_on_its_thread_holds_up_no_other(provider: Any, call: str) -> None:
+    """The put that continues its head and a task's writes bound their lock waits inside
+    their own statement (``queries.LOCK_BOUND``, no statement of their own): while another
+    transaction holds their threads' rows, two such calls, each alone in one of the two
+    shared pipelines, give up their places and wait alone, and the other threads' calls are
+    answered meanwhile. Both are stored once the rows are free."""
+    from langgraph.checkpoint.base import create_checkpoint
+
+    dsn = postgres_schema(uuid.uuid4().hex)
+    held_threads = ("held-a", "held-b")
+    with open_checkpointer("postgres", dsn, settings=Settings(pool_max_size=4)) as saver:
+        graph = build_agent(saver)
+        for thread in (*held_threads, *(f"free-{i}" for i in range(10))):
+            await graph.ainvoke(turn_input(0), {"configurable": {"thread_id": thread}})
+        held = [await saver.aget_tuple({"configurable": {"thread_id": t}}) for t in held_threads]
+        free = [await saver.aget_tuple({"configurable": {"thread_id": f"free-{i}"}}) for i in range(10)]
+        children = [create_checkpoint(h.checkpoint, None, h.metadata["step"] + 1) for h in held]
+
+        def send(index: int) -> asyncio.Future[Any]:
+            state = held[index]
+            if call == "put":
+                metadata = {"source": "loop", "step": state.metadata["step"] + 1, "parents": {}}
+                return asyncio.ensure_future(saver.aput(state.config, children[index], metadata, {}))
+            return asyncio.ensure_future(saver.aput_writes(state.config, [("note", "kept")], "task-1"))
+
+        blocker = connect(dsn)
+        blocker.autocommit = False
+        blocker.execute("SELECT 1 FROM tk_threads WHERE thread_id IN ('held-a', 'held-b') FOR UPDATE")
+        try:
+            waiting = []
+            for index in range(2):  # each alone in a pipeline of its own: both pipelines out
+                waiting.append(send(index))
+                await asyncio.sleep(0.005)
+            others = [saver.aput_writes(s.config, [("note", i)], "task-1") for i, s in enumerate(free)]
+            await asyncio.wait_for(asyncio.gather(*others), 5)
+            assert not any(future.done() for future in waiting)
+        finally:
+            blocker.rollback()
+            blocker.close()
+        await asyncio.wait_for(asyncio.gather(*waiting), 5)
+        for state, child in zip(held, children, strict=True):
+            thread = state.config["configurable"]["thread_id"]
+            latest = await saver.aget_tuple({"configurable": {"thread_id": thread}})
+            if call == "put":
+                assert latest.checkpoint["id"] == child["id"]
+            else:
+                assert ("task-1", "note", "kept") in latest.pending_writes
+
+
 async def test_w4_a_connection_dropped_under_coalesced_calls_retries_each(provider: Any) -> None:
     """The backend of a shared pipeline is terminated while it runs: every call sent on it
     is retried on its own (as after any dropped connection) and nothing is lost; the call
