@@ -87,9 +87,8 @@ def counting_statements() -> Iterator[StatementCount]:
 
     threadkeep's Postgres engine sends concurrent calls' first round trips together, from a
     task of its own: those statements are counted when each call hands its round trip over,
-    in that call's context, as the engine will send them (a write's lock wait bound, where
-    the write's own statement does not carry it; a planned read's settings before it), and
-    not again at the cursor."""
+    in that call's context, as the engine will send them (its lock wait bound before a
+    write, a planned read's settings before it), and not again at the cursor."""
     from threadkeep.backends.postgres import engine
     from threadkeep.core.program import Sql
 
@@ -104,12 +103,11 @@ def counting_statements() -> Iterator[StatementCount]:
         return await execute(self, query, *args, **kwargs)
 
     async def counted_send(self: Any, statements: Any, prepare: Any) -> Any:
-        inside = [statement for statement in engine._inside(statements) if isinstance(statement, Sql)]
-        if prepare.write:
-            inside, _ = engine._bounded(inside, lambda rows: rows)
-        sent = [statement.sql for statement in inside]
+        sent = [statement.sql for statement in engine._inside(statements) if isinstance(statement, Sql)]
         if len(sent) == 1 and sent[0] in prepare.planned.statements:
             sent.insert(0, prepare.planned.settings)
+        if prepare.write:
+            sent.insert(0, engine._BOUND_LOCK_WAITS)
         for sql in sent:
             counts.count(sql)
         return await send(self, statements, prepare)

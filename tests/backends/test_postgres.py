@@ -606,13 +606,18 @@ async def test_a_coalesced_call_waiting_on_a_lock_does_not_hold_up_the_others(pr
         assert sorted(await asyncio.wait_for(asyncio.gather(waiting, also), 5)) == [[(1,)], [(2,)]]
 
 
+@pytest.mark.parametrize("blocker", ["rows", "table"])
 @pytest.mark.parametrize("call", ["put", "put_writes"])
-async def test_a_put_or_writes_waiting_on_its_thread_holds_up_no_other(provider: Any, call: str) -> None:
-    """The put that continues its head and a task's writes bound their lock waits inside
-    their own statement (``queries.LOCK_BOUND``, no statement of their own): while another
-    transaction holds their threads' rows, two such calls, each alone in one of the two
-    shared pipelines, give up their places and wait alone, and the other threads' calls are
-    answered meanwhile. Both are stored once the rows are free."""
+async def test_a_put_or_writes_waiting_for_a_lock_holds_up_no_other(
+    provider: Any, call: str, blocker: str
+) -> None:
+    """The saver's own coalesced writes (the put that continues its head, a task's writes)
+    bound their lock waits: while another transaction holds their threads' rows, or a
+    table they write in a mode that lets reads through (as a CREATE INDEX without
+    CONCURRENTLY does), two such calls, each alone in one of the two shared pipelines, give
+    up their places and wait alone, and other threads' state reads are answered meanwhile.
+    Both are stored once the locks are gone. (A bound inside the write's own statement would
+    come too late for the table: a statement takes its table locks before it runs.)"""
     from langgraph.checkpoint.base import create_checkpoint
 
     dsn = postgres_schema(uuid.uuid4().hex)
@@ -632,20 +637,24 @@ async def test_a_put_or_writes_waiting_on_its_thread_holds_up_no_other(provider:
                 return asyncio.ensure_future(saver.aput(state.config, children[index], metadata, {}))
             return asyncio.ensure_future(saver.aput_writes(state.config, [("note", "kept")], "task-1"))
 
-        blocker = connect(dsn)
-        blocker.autocommit = False
-        blocker.execute("SELECT 1 FROM tk_threads WHERE thread_id IN ('held-a', 'held-b') FOR UPDATE")
+        holder = connect(dsn)
+        holder.autocommit = False
+        if blocker == "rows":
+            holder.execute("SELECT 1 FROM tk_threads WHERE thread_id IN ('held-a', 'held-b') FOR UPDATE")
+        else:
+            holder.execute(f"LOCK TABLE {'tk_threads' if call == 'put' else 'tk_writes'} IN SHARE MODE")
         try:
             waiting = []
             for index in range(2):  # each alone in a pipeline of its own: both pipelines out
                 waiting.append(send(index))
                 await asyncio.sleep(0.005)
-            others = [saver.aput_writes(s.config, [("note", i)], "task-1") for i, s in enumerate(free)]
-            await asyncio.wait_for(asyncio.gather(*others), 5)
+            others = [saver.aget_tuple({"configurable": {"thread_id": f"free-{i}"}}) for i in range(10)]
+            read = await asyncio.wait_for(asyncio.gather(*others), 5)
+            assert [state.checkpoint["id"] for state in read] == [state.checkpoint["id"] for state in free]
             assert not any(future.done() for future in waiting)
         finally:
-            blocker.rollback()
-            blocker.close()
+            holder.rollback()
+            holder.close()
         await asyncio.wait_for(asyncio.gather(*waiting), 5)
         for state, child in zip(held, children, strict=True):
             thread = state.config["configurable"]["thread_id"]

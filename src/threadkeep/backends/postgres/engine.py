@@ -38,7 +38,6 @@ from typing import Any, Final, TypeVar
 import psycopg
 from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
 
-from threadkeep.backends.postgres.queries import LOCK_BOUND
 from threadkeep.core.program import Batch, Program, ProgramFactory, Sql, SqlMany, drive, drive_async
 from threadkeep.core.retry import RetryPolicy
 from threadkeep.errors import StorageError
@@ -675,16 +674,12 @@ _QUEUE_SYNC: Final[Callable[[psycopg.AsyncPipeline], None] | None] = getattr(
 # A coalesced round trip whose statement failed: it rolled back alone, and is sent again on a
 # connection of its own, where its failure reaches its program as any failure does.
 _ALONE: Final = object()
-# A coalesced write's bound on lock waits: Postgres runs a pipeline's statements one after
-# another, so a write waiting for a row another transaction holds (a thread a delete or a
-# locked put holds) would hold up every round trip behind it, and its pipeline. It waits no
-# longer than this (for its own implicit transaction: nothing outlives it, through any
-# pooler), and is then sent again alone (_ALONE), to wait as long as it must. A write whose
-# first statement takes the bound as a parameter (queries.LOCK_BOUND: the put that continues
-# its head, a task's writes) gets it there; any other goes behind _BOUND_LOCK_WAITS.
-_LOCK_BOUND: Final = "20ms"
-_BOUND_LOCK_WAITS: Final = f"SELECT set_config('lock_timeout', '{_LOCK_BOUND}', true)"
-_BOUND_PARAMETER: Final = re.compile(rf"%\((\w*{LOCK_BOUND})\)s")
+# Goes first in a coalesced write: Postgres runs a pipeline's statements one after another,
+# so a write waiting for a row another transaction holds (a thread a delete or a locked put
+# holds) would hold up every round trip behind it, and its pipeline. It waits no longer than
+# this (for its own implicit transaction: nothing outlives it, through any pooler), and is
+# then sent again alone (_ALONE), to wait as long as it must.
+_BOUND_LOCK_WAITS: Final = "SELECT set_config('lock_timeout', '20ms', true)"
 _SUCCEEDED: Final = (psycopg.pq.ExecStatus.TUPLES_OK, psycopg.pq.ExecStatus.COMMAND_OK)
 # The name of the tasks that send coalesced round trips.
 _FLUSH_TASK: Final = "threadkeep-coalescer"
@@ -723,20 +718,8 @@ def _answered(request: list[_Statement], inside: list[_Statement], results: _Sha
 
 
 def _bounded(statements: list[_Statement], results: _Shape) -> tuple[list[_Statement], _Shape]:
-    """A coalesced write's statements, its lock waits bounded (see :data:`_LOCK_BOUND`): in
-    its first statement's parameters, or behind :data:`_BOUND_LOCK_WAITS`."""
-    first = statements[0]
-    if isinstance(first, Sql) and (names := _bound_parameters(first.sql)):
-        bounded = Sql(first.sql, {**first.params, **dict.fromkeys(names, _LOCK_BOUND)})
-        return [bounded, *statements[1:]], results
+    """A coalesced write's statements, behind :data:`_BOUND_LOCK_WAITS`."""
     return [Sql(_BOUND_LOCK_WAITS, {}), *statements], lambda rows: results(rows[1:])
-
-
-@functools.lru_cache(maxsize=256)
-def _bound_parameters(sql: str) -> tuple[str, ...]:
-    """The parameters of ``sql`` that bound its lock waits (renamed ones of a fused
-    statement too)."""
-    return tuple(_BOUND_PARAMETER.findall(sql))
 
 
 @dataclass(slots=True)

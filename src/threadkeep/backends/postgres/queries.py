@@ -19,16 +19,6 @@ from threadkeep.core.records import STRUCTURE
 NAME = "postgres"
 PROBE_WIDTH = 32
 
-# A write's own bound on lock waits, as a condition of its first statement that locks rows.
-# Its parameter is NULL on a connection of the write's own, and the condition then sets
-# lock_timeout to what it is (a no-op). The engine sets it when the write shares a pipeline
-# (its _bounded): the condition is an uncorrelated subquery, run once before the statement's
-# first row is locked or its first conflicting insert waited for, and set_config(..., true)
-# lasts for the statement's own implicit transaction. This costs no statement of its own.
-LOCK_BOUND = "lock_bound"
-_BOUND_LOCK_WAITS = """(SELECT set_config('lock_timeout',
-        coalesce(%(lock_bound)s::text, current_setting('lock_timeout')), true)) IS NOT NULL"""
-
 # --- threads ------------------------------------------------------------------------------
 
 # Serializes schema changes (the format gate, migrations) across every process.
@@ -218,7 +208,7 @@ SET_HEAD = (
 # entries can be carried), and the links the writer takes for stored (%(known)s, the last
 # one of each list's known prefix). No row back: nothing was written, and the put runs as
 # usual (a first put, a branch, a conflict, an unknown list).
-CLAIM_HEAD = f"""
+CLAIM_HEAD = """
 UPDATE tk_threads AS t SET head = %(checkpoint_id)s::text
 WHERE t.thread_id = %(thread_id)s AND t.head = %(parent_id)s::text
   AND %(checkpoint_id)s::text > %(parent_id)s::text
@@ -234,7 +224,6 @@ WHERE t.thread_id = %(thread_id)s AND t.head = %(parent_id)s::text
             AND p.checkpoint -> 'channel_versions' ->> u.key = u.value))
   AND (SELECT count(*) FROM tk_message_links AS l
        WHERE l.tid = t.tid AND l.node = ANY(%(known)b::bytea[])) = cardinality(%(known)b::bytea[])
-  AND {_BOUND_LOCK_WAITS}
 RETURNING t.tid
 """
 
@@ -275,7 +264,7 @@ def claimed_put(
     ``checkpoint_ns``), ``rows`` the rows of each kind (``message``, ``link``, ``blob``) to
     write, as :func:`many` takes them."""
     kinds = tuple(kind for kind in _ROWS if rows.get(kind))
-    params = {LOCK_BOUND: None, **common}
+    params = dict(common)
     for kind in kinds:
         for column in rows[kind][0]:
             params[f"{kind}_{column}"] = [row[column] for row in rows[kind]]
@@ -294,7 +283,7 @@ def claimed_put(
 # It holds the thread's row with FOR KEY SHARE, which a step's put (LOCK_THREAD) does not
 # wait for, and a delete (LOCK_THREADS) does: writes that read the thread before a delete
 # are committed before it deletes what the thread holds, or they find no thread.
-_WRITE_GUARD = f"""
+_WRITE_GUARD = """
 WHERE t.thread_id = %(thread_id)s
   AND (%(required_owner)s::text IS NULL OR t.owner = %(required_owner)s::text)
   AND (%(offset)s::integer IS NULL
@@ -305,7 +294,6 @@ WHERE t.thread_id = %(thread_id)s
               (SELECT c.checkpoint_id FROM tk_checkpoints AS c
                WHERE c.tid = t.tid AND c.checkpoint_ns = %(checkpoint_ns)s
                ORDER BY c.checkpoint_id DESC LIMIT 1 OFFSET %(offset)s), ''))
-  AND {_BOUND_LOCK_WAITS}
 FOR KEY SHARE OF t
 """
 
@@ -636,7 +624,7 @@ SELECT
 def many(kind: str, common: dict[str, object], rows: list[dict[str, object]]) -> Sql:
     """One statement for all ``rows``: each column goes in as one array."""
     columns = {name: [row[name] for row in rows] for name in rows[0]}
-    return Sql(_MANY[kind], typed_arrays(_MANY[kind], {LOCK_BOUND: None, **common, **columns}))
+    return Sql(_MANY[kind], typed_arrays(_MANY[kind], {**common, **columns}))
 
 
 def text_list(items: list[str]) -> object:
