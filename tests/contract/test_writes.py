@@ -313,9 +313,12 @@ def test_w3_operator_scope_sees_every_thread(saver: Any) -> None:
 
 
 @pytest.mark.providers("sqlite", "postgres", "redis", "tiered")
-def test_a_closed_saver_refuses_calls_and_keeps_what_it_stored(open_saver: Opener) -> None:
+def test_a_closed_saver_refuses_calls_and_keeps_what_it_stored(
+    open_saver: Opener, caplog: pytest.LogCaptureFixture
+) -> None:
     """A call on a closed saver fails with a ``StorageError`` that says so; it does not open
-    new connections behind the application's back (pools nobody would close)."""
+    new connections behind the application's back (pools nobody would close), nor pass for
+    a failing cache (tiered)."""
     saver = open_saver()
     graph = approval_graph(saver)
     graph.invoke({"request": "a", "answer": ""}, cfg("t-closed"))
@@ -327,5 +330,6 @@ def test_a_closed_saver_refuses_calls_and_keeps_what_it_stored(open_saver: Opene
     with pytest.raises(StorageError, match="is closed"):
         graph.invoke(Command(resume="ok"), cfg("t-closed"))
     saver.close()  # a second close is harmless
+    assert not [record for record in caplog.records if record.levelname == "WARNING"]
     reopened = approval_graph(open_saver())  # the interrupted run resumes on a new saver
     assert reopened.invoke(Command(resume="ok"), cfg("t-closed"))["answer"] == "ok!"

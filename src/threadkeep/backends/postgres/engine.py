@@ -209,16 +209,18 @@ class PostgresEngine:
         self._refuse_if_closed()
         if self._given_pool is not None:
             return self._given_pool
-        if self._pool is None:
+        pool = self._pool
+        if pool is None:
             with self._opening:
                 self._refuse_if_closed()  # close() takes the lock too
                 if self._pool is None:
-                    pool = ConnectionPool(
+                    opening = ConnectionPool(
                         self.conninfo, check=check_alive, name="threadkeep", **self._pool_kwargs()
                     )
-                    pool.open(wait=True, timeout=self.options.timeout)
-                    self._pool = pool
-        return self._pool
+                    opening.open(wait=True, timeout=self.options.timeout)
+                    self._pool = opening
+                pool = self._pool
+        return pool
 
     async def _async_pool(self) -> AsyncConnectionPool:
         self._refuse_if_closed()
@@ -282,6 +284,7 @@ class PostgresEngine:
             try:
                 return attempt()
             except Exception as error:
+                self._refuse_if_closed()  # closed meanwhile: say so, not what the closing broke
                 delay = self.retry.delay_after(error, tries)
                 pool = self._given_pool or self._pool
                 if pool is not None:
@@ -338,6 +341,7 @@ class PostgresEngine:
                         await _rollback_async(conn)
                         raise
             except Exception as error:
+                self._refuse_if_closed()
                 delay = self.retry.delay_after(error, tries)
                 if pool is not None:
                     await pool.check()  # as in _retrying
@@ -382,6 +386,7 @@ class PostgresEngine:
 
     async def aclose(self) -> None:
         """Close the pools this engine opened, from inside an event loop."""
+        self._closed = True  # first: no call on this loop opens a new pool meanwhile
         current = asyncio.get_running_loop()
         pool = self._async_pools.pop(current, None)
         closer = self._closers.pop(current, None)

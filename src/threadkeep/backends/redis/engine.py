@@ -11,6 +11,7 @@ a step replayed after its reply was lost finds its checkpoint stored and passes.
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 import weakref
 from collections.abc import Sequence
@@ -116,6 +117,7 @@ class RedisEngine:
         self._scripts: dict[tuple[int, str], Any] = {}
         self._cluster = cluster
         self._closed = False
+        self._opening = threading.Lock()  # orders the sync client's creation and close()
 
     @property
     def location(self) -> str:
@@ -153,15 +155,20 @@ class RedisEngine:
         self._refuse_if_closed()
         if self._given is not None:
             return self._given
-        if self._client is None:
+        client = self._client
+        if client is None:
             factory = redis.cluster.RedisCluster if self.cluster else redis.Redis
-            self._client = factory.from_url(
-                self.url,
-                socket_connect_timeout=self._timeout,
-                socket_timeout=self._socket_timeout,
-                health_check_interval=30,
-            )
-        return self._client
+            with self._opening:
+                self._refuse_if_closed()
+                if self._client is None:
+                    self._client = factory.from_url(
+                        self.url,
+                        socket_connect_timeout=self._timeout,
+                        socket_timeout=self._socket_timeout,
+                        health_check_interval=30,
+                    )
+                client = self._client
+        return client
 
     def _async(self) -> Any:
         self._refuse_if_closed()
@@ -204,6 +211,7 @@ class RedisEngine:
             try:
                 return drive(make(), partial(self._execute, self._sync()))
             except Exception as error:
+                self._refuse_if_closed()  # closed meanwhile: say so, not what the closing broke
                 time.sleep(self.retry.delay_after(error, tries))
 
     async def arun(self, make: ProgramFactory[T], *, write: bool = False, atomic: bool = True) -> T:
@@ -214,6 +222,7 @@ class RedisEngine:
             try:
                 return await drive_async(make(), partial(self._execute_async, self._async()))
             except Exception as error:
+                self._refuse_if_closed()
                 await asyncio.sleep(self.retry.delay_after(error, tries))
 
     def setup(self, make: ProgramFactory[T]) -> T:
@@ -244,10 +253,11 @@ class RedisEngine:
     def close(self) -> None:
         """Close the clients this engine opened; clients it was given stay open. The engine
         refuses work afterwards (``StorageError``)."""
-        self._closed = True
-        if self._client is not None:
-            self._client.close()
-            self._client = None
+        with self._opening:
+            self._closed = True
+            client, self._client = self._client, None
+        if client is not None:
+            client.close()
         for loop, client in list(self._async_clients.items()):
             if not loop.is_closed() and not loop.is_running():
                 loop.run_until_complete(client.aclose())
@@ -255,6 +265,7 @@ class RedisEngine:
 
     async def aclose(self) -> None:
         """Close the clients this engine opened, from inside an event loop."""
+        self._closed = True  # first: no call on this loop makes a new client meanwhile
         client = self._async_clients.pop(asyncio.get_running_loop(), None)
         if client is not None:
             await client.aclose()

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Final, TypeVar
 
 from threadkeep.core.program import Engine, ProgramFactory, drive, drive_async
+from threadkeep.errors import StorageError
 from threadkeep.metrics import CACHE_EVENTS, Metrics
 
 __all__ = ["UNAVAILABLE", "Cached", "Durable", "TieredEngine"]
@@ -65,14 +66,22 @@ class TieredEngine:
         self.durable = durable
         self.cache = cache
         self.metrics = metrics
+        self._closed = False
 
     def run(self, make: ProgramFactory[T], *, write: bool = False, atomic: bool = True) -> T:
         """Run a tiered program; each of its requests runs whole on its tier."""
+        self._refuse_if_closed()
         return drive(make(), self._execute)
 
     async def arun(self, make: ProgramFactory[T], *, write: bool = False, atomic: bool = True) -> T:
         """The same as :meth:`run`, on the event loop."""
+        self._refuse_if_closed()
         return await drive_async(make(), self._execute_async)
+
+    def _refuse_if_closed(self) -> None:
+        # Before the cache is asked: its refusal would pass for a cache failure.
+        if self._closed:
+            raise StorageError("the tiered store is closed: open a new saver")
 
     def setup(self, make: ProgramFactory[T]) -> T:
         """Run a schema program (format gate, migrations) on the source of truth."""
@@ -105,7 +114,9 @@ class TieredEngine:
         return UNAVAILABLE
 
     def close(self) -> None:
-        """Close what both engines opened (never a pool or client they were given)."""
+        """Close what both engines opened (never a pool or client they were given); the
+        engine refuses work afterwards."""
+        self._closed = True
         try:
             self.cache.close()
         finally:
@@ -113,6 +124,7 @@ class TieredEngine:
 
     async def aclose(self) -> None:
         """:meth:`close`, from inside an event loop."""
+        self._closed = True
         try:
             await self.cache.aclose()
         finally:
