@@ -811,13 +811,14 @@ class _Coalescer:
             self.running -= 1
 
     async def _pipeline(self, batch: list[_Waiting]) -> None:
-        sent: list[tuple[_Waiting, list[psycopg.AsyncCursor[Any]], _Shape]] = []
+        sent: list[tuple[_Waiting, list[psycopg.AsyncCursor[Any] | None], _Shape]] = []
         errors: list[Exception] = []
         try:
             pool = await self.pool()
             async with pool.connection() as conn:
                 try:
                     async with conn.pipeline() as pipeline:
+                        settings = conn.cursor()  # for every settings statement (see _queue_judged)
                         for waiting in batch:
                             inside = _inside(waiting.statements)
                             statements, results = _planned(conn, inside, waiting.prepare)
@@ -825,7 +826,8 @@ class _Coalescer:
                             if waiting.prepare.write:
                                 statements, results = _bounded(statements, results)
                             cursors = [
-                                await _queue_judged(conn, s, waiting.prepare, errors) for s in statements
+                                await _queue_judged(conn, s, waiting.prepare, errors, settings)
+                                for s in statements
                             ]
                             self.queue_sync(pipeline)
                             sent.append((waiting, cursors, results))
@@ -860,14 +862,25 @@ class _Coalescer:
 
 
 async def _queue_judged(
-    conn: psycopg.AsyncConnection[Any], statement: _Statement, prepare: _Preparing, errors: list[Exception]
-) -> psycopg.AsyncCursor[Any]:
+    conn: psycopg.AsyncConnection[Any],
+    statement: _Statement,
+    prepare: _Preparing,
+    errors: list[Exception],
+    settings: psycopg.AsyncCursor[Any],
+) -> psycopg.AsyncCursor[Any] | None:
     """Queue one statement of a coalesced round trip; its cursor holds its result once the
     pipeline is synced (none if it failed). psycopg may raise the error of a statement queued
     before (or this one's own, if its parameters cannot be sent): kept, and queuing goes on
-    unless the connection dropped."""
+    unless the connection dropped.
+
+    A settings statement (the lock wait bound, a planned read's settings) goes on the
+    pipeline's ``settings`` cursor and is answered ``None``: its result is never read, and it
+    fails only in a transaction that failed already, which the statement after it then shows.
+    A cursor of its own would cost each one psycopg's per-cursor state (its adapters and
+    types), kept until the pipeline is read: about half of a shared pipeline's cursors."""
     assert isinstance(statement, Sql)
-    cursor = conn.cursor()
+    setting = statement.sql in (_BOUND_LOCK_WAITS, prepare.planned.settings)
+    cursor = settings if setting else conn.cursor()
     try:
         await cursor.execute(
             statement.sql, statement.params, prepare=prepare(conn, statement.sql), binary=True
@@ -876,7 +889,7 @@ async def _queue_judged(
         if conn.broken or conn.closed:
             raise
         errors.append(error)
-    return cursor
+    return None if setting else cursor
 
 
 def _rolled_back(error: Exception) -> bool:
@@ -885,7 +898,9 @@ def _rolled_back(error: Exception) -> bool:
     return isinstance(error, psycopg.errors.TransactionRollback)
 
 
-def _succeeded(cursor: psycopg.AsyncCursor[Any]) -> bool:
+def _succeeded(cursor: psycopg.AsyncCursor[Any] | None) -> bool:
+    if cursor is None:  # a settings statement (see _queue_judged)
+        return True
     result = cursor.pgresult
     return result is not None and result.status in _SUCCEEDED
 
