@@ -387,6 +387,16 @@ def test_p7_pools_threadkeep_opened_are_closed_with_the_saver(open_saver: Opener
     assert pool.max_size == 3
     saver.close()
     assert pool.closed
+    # closed, it refuses calls rather than open pools nobody would close
+    from threadkeep import StorageError
+
+    with pytest.raises(StorageError, match="is closed"):
+        saver.get_tuple({"configurable": {"thread_id": "t"}})
+    with pytest.raises(StorageError, match="is closed"):
+        asyncio.run(saver.aget_tuple({"configurable": {"thread_id": "t"}}))
+    engine = saver.backend.engine
+    assert engine._pool is None
+    assert not engine._async_pools
 
 
 def test_pool_sizes_and_timeouts_come_from_the_settings(provider: Any, tmp_path: Path) -> None:

@@ -195,16 +195,16 @@ class PostgresEngine:
             "open": False,
         }
 
+    def _refuse_if_closed(self) -> None:
+        if self._closed:
+            raise StorageError(f"the postgres store at {self.location} is closed: open a new saver")
+
     # A pool threadkeep opens is published once its min_size connections are open; callers
     # that come meanwhile wait on a lock. A first call that had to wait for a connection made
     # the pool open another beside it (on a busy host, about 2 ms of a first read), and
     # callers using a pool still opening took its connections as they came, so that it never
     # counted as ready and closed itself when the wait timed out. A pool that cannot open in
     # time closes itself and raises PoolTimeout: nothing is published, the call is retried.
-    def _refuse_if_closed(self) -> None:
-        if self._closed:
-            raise StorageError(f"the postgres store at {self.location} is closed: open a new saver")
-
     def _sync_pool(self) -> ConnectionPool:
         self._refuse_if_closed()
         if self._given_pool is not None:
