@@ -24,7 +24,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
-from threadkeep.errors import ConfigurationError, ErrorKind, MissingExtraError, ThreadkeepError
+from threadkeep.errors import ConfigurationError, ErrorKind, MissingExtraError, StorageError, ThreadkeepError
 from threadkeep.metrics import METRICS, Metrics
 from threadkeep.providers import open_checkpointer
 from threadkeep.saver import ThreadkeepSaver
@@ -98,8 +98,16 @@ class _Service:
             return self._saver
 
     def check(self) -> None:
-        """Raise unless the store answers (and this version can use it)."""
-        self.saver.backend.check()
+        """Raise unless the store answers (and this version can use it). A check whose store
+        a settings write replaced and closed meanwhile asks the new store: the service never
+        stopped answering."""
+        saver = self.saver
+        try:
+            saver.backend.check()
+        except StorageError:
+            if self._saver is saver:  # the store this service serves failed
+                raise
+            self.saver.backend.check()
 
     def sweep(self, dry_run: bool) -> dict[str, Any]:
         with self._sweeping:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -166,6 +168,37 @@ def test_sv4_metrics_serve_the_prometheus_text_format(client: Any) -> None:
 def test_sv1_healthz(client: Any) -> None:
     response = client.get("/healthz")
     assert response.status_code == 200
+    assert response.json() == {"status": "ok", "provider": "sqlite"}
+
+
+def test_sv1_healthz_answers_ok_while_a_settings_write_replaces_the_store(
+    client: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A health check that got the store a settings write then closes asks the new store:
+    a load balancer polling it sees no 503 from a settings change."""
+    from threadkeep.backends.sql.backend import SqlBackend
+
+    check, replaced, checking = SqlBackend.check, threading.Event(), threading.Event()
+
+    def held_check(backend: SqlBackend) -> None:
+        if not checking.is_set():  # the first check waits until the store is replaced
+            checking.set()
+            assert replaced.wait(10)
+        check(backend)
+
+    monkeypatch.setattr(SqlBackend, "check", held_check)
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        health = pool.submit(client.get, "/healthz")
+        assert checking.wait(10)
+        written = client.patch(
+            "/api/settings",
+            json={"LLM_PROVIDER_CHECKPOINT_RETENTION_FINISHED_MINUTES": "60"},
+            headers={"Authorization": f"Bearer {ADMIN}"},
+        )
+        assert written.status_code == 200
+        replaced.set()
+        response = health.result(timeout=10)
+    assert response.status_code == 200, response.text
     assert response.json() == {"status": "ok", "provider": "sqlite"}
 
 
