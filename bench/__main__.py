@@ -1,5 +1,6 @@
 """``./dev bench [conversation|servers|tiered|sweep|calls] [--runs N] [--turns 5,10,20,40] [--json PATH]``
-(``servers`` also takes ``--conversations 32 --conversation-turns 10,40``; ``tiered`` takes
+(``servers`` also takes ``--conversations 32 --conversation-turns 10,40`` and ``--freeze-gc``,
+which runs each throughput measurement after ``gc.freeze()``; ``tiered`` takes
 ``--conversations 32 --conversation-turns 10``, its one length; ``calls`` takes
 ``--conversation-turns 10``, its one length; ``sweep`` takes ``--threads 100000``)."""
 
@@ -29,6 +30,11 @@ def main(argv: list[str] | None = None) -> int:
         "--conversation-turns", default="10,40", help="servers: lengths of the concurrent conversations"
     )
     parser.add_argument("--threads", type=int, default=100_000, help="sweep: expired threads to seed")
+    parser.add_argument(
+        "--freeze-gc",
+        action="store_true",
+        help="servers: gc.freeze() before each throughput run, as an application may after it starts",
+    )
     args = parser.parse_args(argv)
     turns = tuple(int(k) for k in args.turns.split(","))
     if args.suite == "calls":
@@ -45,6 +51,7 @@ def main(argv: list[str] | None = None) -> int:
             turns=turns,
             conversations=args.conversations,
             conversation_turns=tuple(int(n) for n in args.conversation_turns.split(",")),
+            freeze_gc=args.freeze_gc,
         )
     else:
         results = conversation.main(runs=args.runs, turns=turns)

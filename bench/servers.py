@@ -20,7 +20,8 @@ and p99 over a K=40 conversation; a cold load (a new saver instance reading the 
 of the finished 40-turn thread, the median of 15: its pool open, its caches empty, the tables ANALYZEd as
 autovacuum would have them in service); and the throughput of 32 conversations running at
 once, 10 and 40 turns long, with the CPU time per turn of this process and of the local
-Postgres and Redis server processes (read from ``/proc``; shown as ``-`` elsewhere). Each
+Postgres and Redis server processes (read from ``/proc``; shown as ``-`` elsewhere); with
+``--freeze-gc``, each throughput run starts after ``gc.freeze()`` (docs/operations.md). Each
 store starts after a Postgres ``CHECKPOINT``, so what the store before it wrote is not
 flushed while this one is measured.
 """
@@ -353,10 +354,24 @@ async def _fresh_instance(name: str, saver: Any) -> Any:
     return open_checkpointer("redis", REDIS, settings=Settings(), key_prefix=saver.backend.space.prefix)
 
 
-async def throughput(name: str, conversations: int, turns: int) -> dict[str, float]:
+async def throughput(
+    name: str, conversations: int, turns: int, *, freeze_gc: bool = False
+) -> dict[str, float]:
     """Turns per second with ``conversations`` conversations running at once, and the CPU
-    milliseconds per turn of this process and of the servers."""
+    milliseconds per turn of this process and of the servers. With ``freeze_gc``, the
+    objects alive before the run (the imported libraries', mostly) are moved out of the
+    collector's reach first (``gc.freeze()``), as an application may do after it starts."""
     gc.collect()
+    if freeze_gc:
+        gc.freeze()
+    try:
+        return await _throughput(name, conversations, turns)
+    finally:
+        if freeze_gc:
+            gc.unfreeze()
+
+
+async def _throughput(name: str, conversations: int, turns: int) -> dict[str, float]:
     async with open_store(name) as store:
         saver = store.saver
         start, cpu, server = time.perf_counter(), time.process_time(), server_cpu()
@@ -397,12 +412,17 @@ def main(
     turns: tuple[int, ...] = (5, 10, 20, 40),
     conversations: int = 32,
     conversation_turns: tuple[int, ...] = (10, 40),
+    freeze_gc: bool = False,
 ) -> dict[str, Any]:
-    return asyncio.run(_main(runs, turns, conversations, conversation_turns))
+    return asyncio.run(_main(runs, turns, conversations, conversation_turns, freeze_gc))
 
 
 async def _main(
-    runs: int, turns: tuple[int, ...], conversations: int, conversation_turns: tuple[int, ...]
+    runs: int,
+    turns: tuple[int, ...],
+    conversations: int,
+    conversation_turns: tuple[int, ...],
+    freeze_gc: bool,
 ) -> dict[str, Any]:
     samples: dict[str, list[dict[str, Any]]] = {name: [] for name in (*STORES, *THROUGHPUT_ONLY)}
     for _ in range(runs):
@@ -412,7 +432,7 @@ async def _main(
             samples[name].append({})
         for length in conversation_turns:
             for name in (*STORES, *THROUGHPUT_ONLY):
-                measured = await throughput(name, conversations, length)
+                measured = await throughput(name, conversations, length, freeze_gc=freeze_gc)
                 samples[name][-1][f"throughput@{length}"] = measured["turns_per_s"]
                 samples[name][-1][f"client_ms@{length}"] = measured["client_ms"]
                 samples[name][-1][f"server_ms@{length}"] = measured["server_ms"]
@@ -421,6 +441,8 @@ async def _main(
         for name, runs_of in samples.items()
     }
     report(results, turns, conversations, conversation_turns)
+    if freeze_gc:
+        print("(each throughput run started after gc.freeze(); run without --freeze-gc for the defaults)")
     return results
 
 
