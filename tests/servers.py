@@ -193,7 +193,8 @@ class TcpProxy:
 
     ``refuse()`` closes the listening socket and every open connection: clients see their
     connection die and new connections refused, as when the server goes down. ``accept()``
-    listens again on the same port.
+    listens again on the same port. ``hold()`` keeps each new connection waiting, accepted
+    but not yet forwarded (a server slow to answer), until ``release()``.
     """
 
     def __init__(self, target_port: int, target_host: str = "127.0.0.1") -> None:
@@ -202,6 +203,8 @@ class TcpProxy:
         self._listener: socket.socket | None = None
         self._sockets: set[socket.socket] = set()
         self._guard = threading.Lock()
+        self._forwarding = threading.Event()
+        self._forwarding.set()
 
     def accept(self) -> TcpProxy:
         listener = socket.socket()
@@ -212,21 +215,34 @@ class TcpProxy:
         threading.Thread(target=self._serve, args=(listener,), daemon=True).start()
         return self
 
+    def hold(self) -> None:
+        """Keep connections accepted from now on waiting until :meth:`release`."""
+        self._forwarding.clear()
+
+    def release(self) -> None:
+        self._forwarding.set()
+
     def _serve(self, listener: socket.socket) -> None:
         while True:
             try:
                 client, _ = listener.accept()
             except OSError:
                 return
-            try:
-                upstream = socket.create_connection(self.target)
-            except OSError:
-                client.close()
-                continue
             with self._guard:
-                self._sockets.update((client, upstream))
-            for source, sink in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pump, args=(source, sink), daemon=True).start()
+                self._sockets.add(client)
+            threading.Thread(target=self._forward, args=(client,), daemon=True).start()
+
+    def _forward(self, client: socket.socket) -> None:
+        self._forwarding.wait()
+        try:
+            upstream = socket.create_connection(self.target)
+        except OSError:
+            client.close()
+            return
+        with self._guard:
+            self._sockets.add(upstream)
+        for source, sink in ((client, upstream), (upstream, client)):
+            threading.Thread(target=self._pump, args=(source, sink), daemon=True).start()
 
     def _pump(self, source: socket.socket, sink: socket.socket) -> None:
         try:
@@ -261,4 +277,5 @@ class TcpProxy:
         self.cut()
 
     def close(self) -> None:
+        self.release()
         self.refuse()

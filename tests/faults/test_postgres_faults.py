@@ -349,3 +349,47 @@ def test_a_copy_is_whole_while_the_source_is_pruned(provider: Any) -> None:
         assert copied[first["id"]] == {"x": "v1"}
         assert copied[second["id"]] == {"x": "v2"}
         assert [t.checkpoint["id"] for t in saver.list(source)] == [second["id"]]
+
+
+def test_p7_close_does_not_wait_for_a_pool_another_thread_is_opening(proxy: TcpProxy) -> None:
+    """A saver closed while another thread's first call is opening its pool (a server slow
+    to answer) closes at once; the pool, once open, is closed by its opener, not published,
+    and that call is refused as any call on a closed saver is."""
+    name = f"tk_closing_{uuid.uuid4().hex[:6]}"
+    settings = Settings(pool_min_size=1, pool_timeout_seconds=30, connect_timeout_seconds=30)
+    saver = open_checkpointer("postgres", through(proxy, postgres_schema(name), name), settings=settings)
+    engine = saver.backend.engine
+    proxy.hold()  # the schema is set up: only the pool's connection waits
+    refused: list[BaseException] = []
+
+    def first_call() -> None:
+        try:
+            saver.get_tuple({"configurable": {"thread_id": "t"}})
+        except BaseException as error:
+            refused.append(error)
+
+    caller = threading.Thread(target=first_call)
+    caller.start()
+    deadline = time.monotonic() + 10
+    while not engine._opening.locked():  # the caller is opening the pool
+        assert time.monotonic() < deadline, "the first call never started opening its pool"
+        time.sleep(0.01)
+    closer = threading.Thread(target=saver.close)
+    closer.start()
+    closer.join(10)  # a guard against a hang only: the pool would wait 30 s for its connection
+    assert not closer.is_alive(), "close() waited for the pool another thread is opening"
+    assert caller.is_alive()  # its pool is still opening
+    proxy.release()  # the pool now opens
+    caller.join(30)
+    assert not caller.is_alive()
+    (error,) = refused
+    assert isinstance(error, StorageError)
+    assert "is closed" in str(error)
+    assert engine._pool is None
+    with admin() as watcher:  # the pool that opened was closed: none of its connections stays
+        deadline = time.monotonic() + 10
+        while watcher.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s", (name,)
+        ).fetchone()[0]:  # type: ignore[index]
+            assert time.monotonic() < deadline, "the pool opened after close() was left open"
+            time.sleep(0.05)

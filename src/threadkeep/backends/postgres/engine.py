@@ -212,14 +212,21 @@ class PostgresEngine:
         pool = self._pool
         if pool is None:
             with self._opening:
-                self._refuse_if_closed()  # close() takes the lock too
-                if self._pool is None:
-                    opening = ConnectionPool(
+                self._refuse_if_closed()
+                pool = self._pool
+                if pool is None:
+                    pool = ConnectionPool(
                         self.conninfo, check=check_alive, name="threadkeep", **self._pool_kwargs()
                     )
-                    opening.open(wait=True, timeout=self.options.timeout)
-                    self._pool = opening
-                pool = self._pool
+                    pool.open(wait=True, timeout=self.options.timeout)
+                    # Published, then the flag read: close() sets the flag, then takes the
+                    # pool. So a close() meanwhile (which does not wait for this open) either
+                    # takes this pool or leaves it to be closed here; closing it twice is safe.
+                    self._pool = pool
+                    if self._closed:
+                        self._pool = None
+                        pool.close()
+                        self._refuse_if_closed()
         return pool
 
     async def _async_pool(self) -> AsyncConnectionPool:
@@ -366,9 +373,10 @@ class PostgresEngine:
     def close(self) -> None:
         """Close the pools this engine opened; pools it was given stay open. The engine
         refuses work afterwards (``StorageError``), as a closed pool would."""
-        with self._opening:
-            self._closed = True
-            sync_pool, self._pool = self._pool, None
+        # Not under the opening lock: a pool another thread is opening may wait for its
+        # connections up to the pool timeout. Its opener closes it (_sync_pool).
+        self._closed = True
+        sync_pool, self._pool = self._pool, None
         if sync_pool is not None:
             sync_pool.close()
         for loop, pool in list(self._async_pools.items()):
