@@ -194,7 +194,8 @@ class TcpProxy:
     ``refuse()`` closes the listening socket and every open connection: clients see their
     connection die and new connections refused, as when the server goes down. ``accept()``
     listens again on the same port. ``hold()`` keeps each new connection waiting, accepted
-    but not yet forwarded (a server slow to answer), until ``release()``.
+    but not yet forwarded (a server slow to answer), until ``release()``; ``holding`` is set
+    once one waits.
     """
 
     def __init__(self, target_port: int, target_host: str = "127.0.0.1") -> None:
@@ -205,6 +206,7 @@ class TcpProxy:
         self._guard = threading.Lock()
         self._forwarding = threading.Event()
         self._forwarding.set()
+        self.holding = threading.Event()
 
     def accept(self) -> TcpProxy:
         listener = socket.socket()
@@ -233,6 +235,8 @@ class TcpProxy:
             threading.Thread(target=self._forward, args=(client,), daemon=True).start()
 
     def _forward(self, client: socket.socket) -> None:
+        if not self._forwarding.is_set():
+            self.holding.set()
         self._forwarding.wait()
         try:
             upstream = socket.create_connection(self.target)
@@ -277,5 +281,5 @@ class TcpProxy:
         self.cut()
 
     def close(self) -> None:
-        self.release()
         self.refuse()
+        self.release()

@@ -89,18 +89,21 @@ class _Service:
         # Health checks take neither for longer than an open: they answer during a sweep.
         self._opening = threading.Lock()
         self._sweeping = threading.Lock()
+        self._closed = False  # shut down: nothing opens a store again
 
     @property
     def saver(self) -> ThreadkeepSaver:
         with self._opening:
             if self._saver is None:
+                if self._closed:
+                    raise StorageError("the server is shutting down: its checkpoint store is closed")
                 self._saver = open_checkpointer(settings=self.settings)
             return self._saver
 
     def check(self) -> None:
         """Raise unless the store answers (and this version can use it). A check whose store
-        a settings write replaced and closed meanwhile asks the new store: the service never
-        stopped answering."""
+        a settings write replaced and closed meanwhile asks the new store, so the settings
+        change itself does not fail it; after shutdown, it fails and opens none."""
         saver = self.saver
         try:
             saver.backend.check()
@@ -121,8 +124,13 @@ class _Service:
                 old.close()
             self._given = None
 
+    def start(self) -> None:
+        with self._opening:
+            self._closed = False
+
     def close(self) -> None:
         with self._sweeping, self._opening:
+            self._closed = True
             if self._saver is not None and self._saver is not self._given:
                 self._saver.close()
             self._saver = None
@@ -220,6 +228,7 @@ def create_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        service.start()
         yield
         await run_in_threadpool(service.close)
 

@@ -3,6 +3,7 @@ and leaves nothing half-written. And SPEC W2 when two writers queue on a thread'
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import time
@@ -351,7 +352,10 @@ def test_a_copy_is_whole_while_the_source_is_pruned(provider: Any) -> None:
         assert [t.checkpoint["id"] for t in saver.list(source)] == [second["id"]]
 
 
-def test_p7_close_does_not_wait_for_a_pool_another_thread_is_opening(proxy: TcpProxy) -> None:
+@pytest.mark.parametrize("api", ["sync", "async"])
+def test_p7_close_does_not_wait_for_a_pool_another_thread_is_opening(
+    provider: Any, proxy: TcpProxy, api: str
+) -> None:
     """A saver closed while another thread's first call is opening its pool (a server slow
     to answer) closes at once; the pool, once open, is closed by its opener, not published,
     and that call is refused as any call on a closed saver is."""
@@ -359,33 +363,37 @@ def test_p7_close_does_not_wait_for_a_pool_another_thread_is_opening(proxy: TcpP
     settings = Settings(pool_min_size=1, pool_timeout_seconds=30, connect_timeout_seconds=30)
     saver = open_checkpointer("postgres", through(proxy, postgres_schema(name), name), settings=settings)
     engine = saver.backend.engine
+    config: Any = {"configurable": {"thread_id": "t"}}
     proxy.hold()  # the schema is set up: only the pool's connection waits
     refused: list[BaseException] = []
 
     def first_call() -> None:
         try:
-            saver.get_tuple({"configurable": {"thread_id": "t"}})
+            if api == "sync":
+                saver.get_tuple(config)
+            else:
+                asyncio.run(saver.aget_tuple(config))
         except BaseException as error:
             refused.append(error)
 
     caller = threading.Thread(target=first_call)
-    caller.start()
-    deadline = time.monotonic() + 10
-    while not engine._opening.locked():  # the caller is opening the pool
-        assert time.monotonic() < deadline, "the first call never started opening its pool"
-        time.sleep(0.01)
-    closer = threading.Thread(target=saver.close)
-    closer.start()
-    closer.join(10)  # a guard against a hang only: the pool would wait 30 s for its connection
-    assert not closer.is_alive(), "close() waited for the pool another thread is opening"
-    assert caller.is_alive()  # its pool is still opening
-    proxy.release()  # the pool now opens
+    try:
+        caller.start()
+        assert proxy.holding.wait(10), "the first call's pool never connected"
+        closer = threading.Thread(target=saver.close)
+        closer.start()
+        closer.join(10)  # a guard against a hang only: the pool would wait 30 s for its connection
+        assert not closer.is_alive(), "close() waited for the pool another thread is opening"
+        assert caller.is_alive()  # its pool is still opening
+    finally:
+        proxy.release()  # the pool now opens
     caller.join(30)
     assert not caller.is_alive()
     (error,) = refused
     assert isinstance(error, StorageError)
     assert "is closed" in str(error)
     assert engine._pool is None
+    assert not engine._async_pools
     with admin() as watcher:  # the pool that opened was closed: none of its connections stays
         deadline = time.monotonic() + 10
         while watcher.execute(

@@ -19,7 +19,7 @@ from click.testing import CliRunner
 from starlette.testclient import TestClient
 
 from tests.retention.test_retention import cfg, exists, interrupting_graph, write
-from threadkeep import ConfigurationError, Settings, open_checkpointer
+from threadkeep import ConfigurationError, Settings, StorageError, open_checkpointer
 from threadkeep.cli import main
 from threadkeep.metrics import Metrics
 from threadkeep.server import create_app
@@ -200,6 +200,35 @@ def test_sv1_healthz_answers_ok_while_a_settings_write_replaces_the_store(
         response = health.result(timeout=10)
     assert response.status_code == 200, response.text
     assert response.json() == {"status": "ok", "provider": "sqlite"}
+
+
+def test_sv1_a_health_check_during_shutdown_opens_no_store(
+    env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A health check still running when the server shuts down (and closes its store) fails
+    as the store is gone: it does not open a new one that nothing would close."""
+    from threadkeep.backends.sql.backend import SqlBackend
+    from threadkeep.server import _Service
+
+    service = _Service(Settings.from_env(), None, Metrics())
+    service.start()
+    service.check()  # the store is open
+    check, closed, checking = SqlBackend.check, threading.Event(), threading.Event()
+
+    def held_check(backend: SqlBackend) -> None:
+        checking.set()
+        assert closed.wait(10)
+        check(backend)
+
+    monkeypatch.setattr(SqlBackend, "check", held_check)
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        health = pool.submit(service.check)
+        assert checking.wait(10)
+        service.close()  # the server's shutdown
+        closed.set()
+        with pytest.raises(StorageError, match="shutting down"):
+            health.result(timeout=10)
+    assert service._saver is None
 
 
 def test_rt6_a_removed_setting_is_refused_at_boot_and_on_a_settings_write(client: Any) -> None:

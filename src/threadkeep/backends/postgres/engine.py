@@ -243,13 +243,21 @@ class PostgresEngine:
                         self.conninfo, check=check_alive_async, name="threadkeep-async", **self._pool_kwargs()
                     )
                     await pool.open(wait=True, timeout=self.options.timeout)
-                    if self._closed:  # closed from another thread while this pool opened
-                        await pool.close()
-                        self._refuse_if_closed()
                     self._async_pools[loop] = pool
                     self._closers[loop] = loop.create_task(
                         self._close_at_loop_end(loop, pool), name="threadkeep-async-pool-closer"
                     )
+                    # Published, then the flag read, as in _sync_pool: a close() from another
+                    # thread meanwhile either finds this pool (and has its closer close it in
+                    # this loop) or leaves it to be closed here.
+                    if self._closed:
+                        if self._async_pools.get(loop) is pool:
+                            del self._async_pools[loop]
+                        closer = self._closers.pop(loop, None)
+                        if closer is not None:
+                            closer.cancel()
+                        await pool.close()
+                        self._refuse_if_closed()
         return pool
 
     async def _close_at_loop_end(self, loop: asyncio.AbstractEventLoop, pool: AsyncConnectionPool) -> None:
@@ -379,7 +387,7 @@ class PostgresEngine:
         sync_pool, self._pool = self._pool, None
         if sync_pool is not None:
             sync_pool.close()
-        for loop, pool in list(self._async_pools.items()):
+        for loop, pool in self._async_pools_now():
             closer = self._closers.pop(loop, None)
             if loop.is_closed():
                 continue
@@ -391,6 +399,15 @@ class PostgresEngine:
             if closer is not None:
                 closer.cancel()
             loop.run_until_complete(pool.close())
+
+    def _async_pools_now(self) -> list[tuple[asyncio.AbstractEventLoop, AsyncConnectionPool]]:
+        """The async pools, listed again if a loop thread publishes one during the listing
+        (a weak dictionary's iteration then raises)."""
+        while True:
+            try:
+                return list(self._async_pools.items())
+            except RuntimeError:
+                continue
 
     async def aclose(self) -> None:
         """Close the pools this engine opened, from inside an event loop."""
