@@ -333,3 +333,20 @@ def test_a_closed_saver_refuses_calls_and_keeps_what_it_stored(
     assert not [record for record in caplog.records if record.levelname == "WARNING"]
     reopened = approval_graph(open_saver())  # the interrupted run resumes on a new saver
     assert reopened.invoke(Command(resume="ok"), cfg("t-closed"))["answer"] == "ok!"
+
+
+@pytest.mark.providers("postgres", "redis", "tiered")
+def test_aclose_also_closes_what_a_stopped_event_loop_holds(open_saver: Opener) -> None:
+    """A saver used on two event loops, one of them stopped but not closed (a loop an
+    application runs now and then with ``run_until_complete``), closes from the other with
+    ``aclose()``: what the stopped loop holds is closed too, and nothing raises."""
+    saver = open_saver()
+    other = asyncio.new_event_loop()
+    try:
+        graph = approval_graph(saver)
+        other.run_until_complete(graph.ainvoke({"request": "a", "answer": ""}, cfg("t-two-loops")))
+        asyncio.run(saver.aclose())
+        with pytest.raises(StorageError, match="is closed"):
+            other.run_until_complete(saver.aget_tuple(cfg("t-two-loops")))
+    finally:
+        other.close()

@@ -419,7 +419,10 @@ class PostgresEngine:
             closer.cancel()
         if pool is not None:
             await pool.close()
-        self.close()
+        # The rest (the sync pool, other loops' pools) in a thread: closing the sync pool
+        # blocks, and a pool of a loop that is stopped (not closed) is closed by running that
+        # loop, which cannot run in a thread where a loop is running.
+        await asyncio.to_thread(self.close)
 
 
 _PLACEHOLDER = re.compile(r"%\((\w+)\)([sbt])")

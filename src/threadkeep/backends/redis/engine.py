@@ -269,4 +269,6 @@ class RedisEngine:
         client = self._async_clients.pop(asyncio.get_running_loop(), None)
         if client is not None:
             await client.aclose()
-        self.close()
+        # The rest in a thread: a client of a loop that is stopped (not closed) is closed by
+        # running that loop, which cannot run in a thread where a loop is running.
+        await asyncio.to_thread(self.close)
