@@ -350,3 +350,21 @@ def test_aclose_also_closes_what_a_stopped_event_loop_holds(open_saver: Opener) 
             other.run_until_complete(saver.aget_tuple(cfg("t-two-loops")))
     finally:
         other.close()
+
+
+@pytest.mark.providers("postgres", "redis", "tiered")
+def test_aclose_works_on_a_loop_whose_executor_has_shut_down(open_saver: Opener) -> None:
+    """``aclose()`` on a loop that is ending (its default executor already shut down, as at
+    the end of ``asyncio.run``) still closes the saver."""
+    saver = open_saver()
+    loop = asyncio.new_event_loop()
+    try:
+        loop.run_until_complete(
+            approval_graph(saver).ainvoke({"request": "a", "answer": ""}, cfg("t-ending"))
+        )
+        loop.run_until_complete(loop.shutdown_default_executor())
+        loop.run_until_complete(saver.aclose())
+        with pytest.raises(StorageError, match="is closed"):
+            loop.run_until_complete(saver.aget_tuple(cfg("t-ending")))
+    finally:
+        loop.close()

@@ -422,7 +422,10 @@ class PostgresEngine:
         # The rest (the sync pool, other loops' pools) in a thread: closing the sync pool
         # blocks, and a pool of a loop that is stopped (not closed) is closed by running that
         # loop, which cannot run in a thread where a loop is running.
-        await asyncio.to_thread(self.close)
+        try:
+            await asyncio.to_thread(self.close)
+        except RuntimeError:  # the loop's executor has shut down (the loop is ending)
+            self.close()
 
 
 _PLACEHOLDER = re.compile(r"%\((\w+)\)([sbt])")

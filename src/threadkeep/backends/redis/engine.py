@@ -271,4 +271,7 @@ class RedisEngine:
             await client.aclose()
         # The rest in a thread: a client of a loop that is stopped (not closed) is closed by
         # running that loop, which cannot run in a thread where a loop is running.
-        await asyncio.to_thread(self.close)
+        try:
+            await asyncio.to_thread(self.close)
+        except RuntimeError:  # the loop's executor has shut down (the loop is ending)
+            self.close()
