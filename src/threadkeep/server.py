@@ -133,7 +133,7 @@ class _Service:
             self._closed = True
             if self._saver is not None and self._saver is not self._given:
                 self._saver.close()
-            self._saver = None
+            self._saver = self._given  # a saver the app was given stays open, and is served again
 
 
 def create_app(

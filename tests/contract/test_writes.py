@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Iterator
 from typing import Annotated, Any, TypedDict
 
@@ -345,26 +346,82 @@ def test_aclose_also_closes_what_a_stopped_event_loop_holds(open_saver: Opener) 
     try:
         graph = approval_graph(saver)
         other.run_until_complete(graph.ainvoke({"request": "a", "answer": ""}, cfg("t-two-loops")))
+        held = _held_per_loop(saver)
+        assert held  # the other loop's pools or clients
         asyncio.run(saver.aclose())
+        assert all(map(_is_closed, held))
         with pytest.raises(StorageError, match="is closed"):
             other.run_until_complete(saver.aget_tuple(cfg("t-two-loops")))
     finally:
         other.close()
 
 
+def _held_per_loop(saver: Any) -> list[Any]:
+    """The pools (Postgres) and clients (Redis) the saver's engines hold per event loop."""
+    engine = saver.backend.engine
+    held: list[Any] = []
+    for part in (engine.durable, engine.cache) if hasattr(engine, "durable") else (engine,):
+        held.extend(getattr(part, "_async_pools", {}).values())
+        held.extend(getattr(part, "_async_clients", {}).values())
+    return held
+
+
+def _is_closed(held: Any) -> bool:
+    """Whether a psycopg pool was closed, or a redis-py client's connections were."""
+    if hasattr(held, "closed"):
+        return bool(held.closed)
+    pool = held.connection_pool
+    connections = [*pool._available_connections, *pool._in_use_connections]
+    return not any(connection.is_connected for connection in connections)
+
+
 @pytest.mark.providers("postgres", "redis", "tiered")
 def test_aclose_works_on_a_loop_whose_executor_has_shut_down(open_saver: Opener) -> None:
     """``aclose()`` on a loop that is ending (its default executor already shut down, as at
-    the end of ``asyncio.run``) still closes the saver."""
+    the end of ``asyncio.run``) still closes the saver, and what another, stopped loop holds."""
     saver = open_saver()
-    loop = asyncio.new_event_loop()
+    other, loop = asyncio.new_event_loop(), asyncio.new_event_loop()
     try:
-        loop.run_until_complete(
-            approval_graph(saver).ainvoke({"request": "a", "answer": ""}, cfg("t-ending"))
+        other.run_until_complete(
+            approval_graph(saver).ainvoke({"request": "a", "answer": ""}, cfg("t-other"))
         )
+        loop.run_until_complete(
+            approval_graph(saver).ainvoke({"request": "b", "answer": ""}, cfg("t-ending"))
+        )
+        held = _held_per_loop(saver)
         loop.run_until_complete(loop.shutdown_default_executor())
         loop.run_until_complete(saver.aclose())
+        assert all(map(_is_closed, held))
         with pytest.raises(StorageError, match="is closed"):
             loop.run_until_complete(saver.aget_tuple(cfg("t-ending")))
     finally:
+        loop.close()
+        other.close()
+
+
+@pytest.mark.providers("postgres", "redis", "tiered")
+def test_close_closes_what_a_loop_running_in_another_thread_holds(open_saver: Opener) -> None:
+    """``close()`` from one thread, while another thread's event loop keeps running (a
+    server's loop): that loop closes what it holds, between its other callbacks."""
+    saver = open_saver()
+    loop = asyncio.new_event_loop()
+    runner = threading.Thread(target=loop.run_forever)
+    runner.start()
+    try:
+        graph = approval_graph(saver)
+        asyncio.run_coroutine_threadsafe(
+            graph.ainvoke({"request": "a", "answer": ""}, cfg("t-running")), loop
+        ).result(30)
+        held = _held_per_loop(saver)
+        assert held
+        saver.close()
+        deadline = time.monotonic() + 10  # a guard against a hang only
+        while not all(map(_is_closed, held)):
+            assert time.monotonic() < deadline, "what the running loop held was never closed"
+            time.sleep(0.01)
+        with pytest.raises(StorageError, match="is closed"):
+            asyncio.run_coroutine_threadsafe(saver.aget_tuple(cfg("t-running")), loop).result(30)
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        runner.join(30)
         loop.close()

@@ -38,6 +38,7 @@ from typing import Any, Final, TypeVar
 import psycopg
 from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
 
+from threadkeep.backends.closing import close_elsewhere, listed
 from threadkeep.core.program import Batch, Program, ProgramFactory, Sql, SqlMany, drive, drive_async
 from threadkeep.core.retry import RetryPolicy
 from threadkeep.errors import StorageError
@@ -387,7 +388,7 @@ class PostgresEngine:
         sync_pool, self._pool = self._pool, None
         if sync_pool is not None:
             sync_pool.close()
-        for loop, pool in self._async_pools_now():
+        for loop, pool in listed(self._async_pools):
             closer = self._closers.pop(loop, None)
             if loop.is_closed():
                 continue
@@ -400,15 +401,6 @@ class PostgresEngine:
                 closer.cancel()
             loop.run_until_complete(pool.close())
 
-    def _async_pools_now(self) -> list[tuple[asyncio.AbstractEventLoop, AsyncConnectionPool]]:
-        """The async pools, listed again if a loop thread publishes one during the listing
-        (a weak dictionary's iteration then raises)."""
-        while True:
-            try:
-                return list(self._async_pools.items())
-            except RuntimeError:
-                continue
-
     async def aclose(self) -> None:
         """Close the pools this engine opened, from inside an event loop."""
         self._closed = True  # first: no call on this loop opens a new pool meanwhile
@@ -419,13 +411,7 @@ class PostgresEngine:
             closer.cancel()
         if pool is not None:
             await pool.close()
-        # The rest (the sync pool, other loops' pools) in a thread: closing the sync pool
-        # blocks, and a pool of a loop that is stopped (not closed) is closed by running that
-        # loop, which cannot run in a thread where a loop is running.
-        try:
-            await asyncio.to_thread(self.close)
-        except RuntimeError:  # the loop's executor has shut down (the loop is ending)
-            self.close()
+        await close_elsewhere(self.close)  # the rest: the sync pool, other loops' pools
 
 
 _PLACEHOLDER = re.compile(r"%\((\w+)\)([sbt])")

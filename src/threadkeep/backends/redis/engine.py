@@ -11,6 +11,7 @@ a step replayed after its reply was lost finds its checkpoint stored and passes.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import threading
 import time
 import weakref
@@ -29,6 +30,7 @@ from redis.exceptions import BusyLoadingError, ClusterDownError, TryAgainError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from threadkeep.backends.closing import close_elsewhere, listed
 from threadkeep.core.program import ProgramFactory, drive, drive_async
 from threadkeep.core.retry import RetryPolicy
 from threadkeep.errors import StorageError
@@ -118,6 +120,8 @@ class RedisEngine:
         self._cluster = cluster
         self._closed = False
         self._opening = threading.Lock()  # orders the sync client's creation and close()
+        # Closes close() scheduled on loops running in other threads (kept until done).
+        self._closing: list[concurrent.futures.Future[None]] = []
 
     @property
     def location(self) -> str:
@@ -193,7 +197,13 @@ class RedisEngine:
                     socket_timeout=self._socket_timeout,
                 )
                 client = redis.asyncio.Redis.from_pool(pool)
+            # Published, then the flag read: a close() from another thread meanwhile either
+            # finds this client or leaves it here, where it has opened no connection yet.
             self._async_clients[loop] = client
+            if self._closed:
+                if self._async_clients.get(loop) is client:
+                    del self._async_clients[loop]
+                self._refuse_if_closed()
         return client
 
     def _script(self, client: Any, name: str) -> Any:
@@ -258,10 +268,15 @@ class RedisEngine:
             client, self._client = self._client, None
         if client is not None:
             client.close()
-        for loop, client in list(self._async_clients.items()):
-            if not loop.is_closed() and not loop.is_running():
+        for loop, client in listed(self._async_clients):
+            if self._async_clients.get(loop) is client:
+                del self._async_clients[loop]
+            if loop.is_closed():
+                continue
+            if loop.is_running():  # that loop closes it, between its other callbacks
+                self._closing.append(asyncio.run_coroutine_threadsafe(client.aclose(), loop))
+            else:
                 loop.run_until_complete(client.aclose())
-        self._async_clients.clear()
 
     async def aclose(self) -> None:
         """Close the clients this engine opened, from inside an event loop."""
@@ -269,9 +284,4 @@ class RedisEngine:
         client = self._async_clients.pop(asyncio.get_running_loop(), None)
         if client is not None:
             await client.aclose()
-        # The rest in a thread: a client of a loop that is stopped (not closed) is closed by
-        # running that loop, which cannot run in a thread where a loop is running.
-        try:
-            await asyncio.to_thread(self.close)
-        except RuntimeError:  # the loop's executor has shut down (the loop is ending)
-            self.close()
+        await close_elsewhere(self.close)  # the rest: the sync client, other loops' clients
