@@ -94,9 +94,9 @@ class _Service:
     @property
     def saver(self) -> ThreadkeepSaver:
         with self._opening:
+            if self._closed:
+                raise StorageError("the server is shutting down: its checkpoint store is closed")
             if self._saver is None:
-                if self._closed:
-                    raise StorageError("the server is shutting down: its checkpoint store is closed")
                 self._saver = open_checkpointer(settings=self.settings)
             return self._saver
 

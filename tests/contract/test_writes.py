@@ -353,6 +353,7 @@ def test_aclose_also_closes_what_a_stopped_event_loop_holds(open_saver: Opener) 
         with pytest.raises(StorageError, match="is closed"):
             other.run_until_complete(saver.aget_tuple(cfg("t-two-loops")))
     finally:
+        saver.close()  # what a failed assertion left open, while its loop is not closed
         other.close()
 
 
@@ -389,12 +390,14 @@ def test_aclose_works_on_a_loop_whose_executor_has_shut_down(open_saver: Opener)
             approval_graph(saver).ainvoke({"request": "b", "answer": ""}, cfg("t-ending"))
         )
         held = _held_per_loop(saver)
+        assert len(held) >= 2  # both loops' pools or clients
         loop.run_until_complete(loop.shutdown_default_executor())
         loop.run_until_complete(saver.aclose())
         assert all(map(_is_closed, held))
         with pytest.raises(StorageError, match="is closed"):
             loop.run_until_complete(saver.aget_tuple(cfg("t-ending")))
     finally:
+        saver.close()
         loop.close()
         other.close()
 
@@ -422,6 +425,27 @@ def test_close_closes_what_a_loop_running_in_another_thread_holds(open_saver: Op
         with pytest.raises(StorageError, match="is closed"):
             asyncio.run_coroutine_threadsafe(saver.aget_tuple(cfg("t-running")), loop).result(30)
     finally:
+        saver.close()
         loop.call_soon_threadsafe(loop.stop)
         runner.join(30)
-        loop.close()
+        if not loop.is_running():
+            loop.close()
+
+
+@pytest.mark.providers("postgres", "redis", "tiered")
+def test_a_sync_close_inside_a_coroutine_closes_that_loops_pool_when_the_loop_ends(
+    open_saver: Opener,
+) -> None:
+    """``close()`` (not ``aclose()``) called from a coroutine, just before ``asyncio.run``'s
+    main coroutine returns: the loop's pool or client is still closed, as the runner ends."""
+    saver = open_saver()
+    held: list[Any] = []
+
+    async def main() -> None:
+        await approval_graph(saver).ainvoke({"request": "a", "answer": ""}, cfg("t-sync-close"))
+        held.extend(_held_per_loop(saver))
+        saver.close()
+
+    asyncio.run(main())
+    assert held
+    assert all(map(_is_closed, held))

@@ -231,6 +231,19 @@ def test_sv1_a_health_check_during_shutdown_opens_no_store(
     assert service._saver is None
 
 
+def test_sv1_a_saver_given_to_the_app_stays_open_and_is_served_after_a_restart(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    settings_store = Path(env["LLM_PROVIDER_CHECKPOINT_CONN_STRING"])
+    with open_checkpointer("sqlite", str(tmp_path / "given.sqlite")) as given:
+        app = create_app(saver=given, metrics=Metrics())
+        for _ in range(2):  # started, shut down, started again
+            with TestClient(app) as http:
+                assert http.get("/healthz").status_code == 200
+        assert given.get_tuple({"configurable": {"thread_id": "nothing"}}) is None  # still open
+    assert not settings_store.exists()  # the app never opened the store its settings name
+
+
 def test_rt6_a_removed_setting_is_refused_at_boot_and_on_a_settings_write(client: Any) -> None:
     with pytest.raises(ConfigurationError, match="LLM_PROVIDER_CHECKPOINT_TTL_MINUTES was removed"):
         Settings.from_env({"LLM_PROVIDER_CHECKPOINT_TTL_MINUTES": "60"})

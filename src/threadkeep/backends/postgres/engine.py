@@ -38,7 +38,7 @@ from typing import Any, Final, TypeVar
 import psycopg
 from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
 
-from threadkeep.backends.closing import close_elsewhere, listed
+from threadkeep.backends.closing import PerLoop, close_elsewhere
 from threadkeep.core.program import Batch, Program, ProgramFactory, Sql, SqlMany, drive, drive_async
 from threadkeep.core.retry import RetryPolicy
 from threadkeep.errors import StorageError
@@ -150,17 +150,12 @@ class PostgresEngine:
         self._given_pool = pool
         self._given_async_pool = async_pool
         self._pool: ConnectionPool | None = None
-        # An async pool belongs to the event loop that opened it: one per loop.
-        self._async_pools: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, AsyncConnectionPool] = (
-            weakref.WeakKeyDictionary()
-        )
+        # An async pool belongs to the event loop that opened it: one per loop, closed at
+        # the loop's end if not before (see _close_pool).
+        self._async_pools: PerLoop[AsyncConnectionPool] = PerLoop(_close_pool, "threadkeep-async-pool-closer")
         # A pool is published once it is ready; callers that come while it opens wait here.
         self._opening = threading.Lock()
         self._opening_async: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = (
-            weakref.WeakKeyDictionary()
-        )
-        # Per loop, the task that closes its pool when the loop's tasks are cancelled.
-        self._closers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Task[None]] = (
             weakref.WeakKeyDictionary()
         )
         # Per loop, what sends the first round trips of concurrent calls together.
@@ -244,36 +239,15 @@ class PostgresEngine:
                         self.conninfo, check=check_alive_async, name="threadkeep-async", **self._pool_kwargs()
                     )
                     await pool.open(wait=True, timeout=self.options.timeout)
-                    self._async_pools[loop] = pool
-                    self._closers[loop] = loop.create_task(
-                        self._close_at_loop_end(loop, pool), name="threadkeep-async-pool-closer"
-                    )
+                    self._async_pools.publish(loop, pool)
                     # Published, then the flag read, as in _sync_pool: a close() from another
                     # thread meanwhile either finds this pool (and has its closer close it in
                     # this loop) or leaves it to be closed here.
                     if self._closed:
-                        if self._async_pools.get(loop) is pool:
-                            del self._async_pools[loop]
-                        closer = self._closers.pop(loop, None)
-                        if closer is not None:
-                            closer.cancel()
-                        await pool.close()
+                        if self._async_pools.take(loop, pool):
+                            await pool.close()
                         self._refuse_if_closed()
         return pool
-
-    async def _close_at_loop_end(self, loop: asyncio.AbstractEventLoop, pool: AsyncConnectionPool) -> None:
-        """Close ``pool`` when this task is cancelled: ``asyncio.run`` (and any runner) cancels
-        every task left when its main coroutine ends. psycopg_pool's workers take a
-        cancellation that arrives while they run a maintenance task (a connection being added
-        as the pool grows) for a failed task and wait for the next one, so the runner would
-        wait for them forever; closing the pool sends them their stop."""
-        try:
-            await loop.create_future()
-        except asyncio.CancelledError:
-            if self._async_pools.get(loop) is pool:
-                del self._async_pools[loop]
-                await pool.close()
-            raise
 
     def run(self, make: ProgramFactory[T], *, write: bool = False, atomic: bool = True) -> T:
         """Run one program, retrying it whole after a dropped connection. A ``write`` that is
@@ -388,30 +362,21 @@ class PostgresEngine:
         sync_pool, self._pool = self._pool, None
         if sync_pool is not None:
             sync_pool.close()
-        for loop, pool in listed(self._async_pools):
-            closer = self._closers.pop(loop, None)
-            if loop.is_closed():
-                continue
-            if loop.is_running():  # its closer closes the pool in that loop
-                if closer is not None:
-                    loop.call_soon_threadsafe(closer.cancel)
-                continue
-            del self._async_pools[loop]
-            if closer is not None:
-                closer.cancel()
-            loop.run_until_complete(pool.close())
+        self._async_pools.close_all()
 
     async def aclose(self) -> None:
         """Close the pools this engine opened, from inside an event loop."""
         self._closed = True  # first: no call on this loop opens a new pool meanwhile
-        current = asyncio.get_running_loop()
-        pool = self._async_pools.pop(current, None)
-        closer = self._closers.pop(current, None)
-        if closer is not None:
-            closer.cancel()
-        if pool is not None:
-            await pool.close()
+        await self._async_pools.close_here()
         await close_elsewhere(self.close)  # the rest: the sync pool, other loops' pools
+
+
+async def _close_pool(pool: AsyncConnectionPool) -> None:
+    """Close an async pool, at the latest when its loop ends: psycopg_pool's workers take a
+    cancellation that arrives while they run a maintenance task (a connection being added as
+    the pool grows) for a failed task and wait for the next one, so a runner cancelling the
+    tasks left would wait for them forever; closing the pool sends them their stop."""
+    await pool.close()
 
 
 _PLACEHOLDER = re.compile(r"%\((\w+)\)([sbt])")

@@ -11,10 +11,8 @@ a step replayed after its reply was lost finds its checkpoint stored and passes.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import threading
 import time
-import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache, partial
@@ -30,7 +28,7 @@ from redis.exceptions import BusyLoadingError, ClusterDownError, TryAgainError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from threadkeep.backends.closing import close_elsewhere, listed
+from threadkeep.backends.closing import PerLoop, close_elsewhere
 from threadkeep.core.program import ProgramFactory, drive, drive_async
 from threadkeep.core.retry import RetryPolicy
 from threadkeep.errors import StorageError
@@ -113,15 +111,12 @@ class RedisEngine:
         self._timeout = connect_timeout
         self._socket_timeout = socket_timeout
         self._client: Any = None
-        self._async_clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any] = (
-            weakref.WeakKeyDictionary()
-        )
+        # One client per event loop, closed at the loop's end if not before.
+        self._async_clients: PerLoop[Any] = PerLoop(_close_client, "threadkeep-redis-client-closer")
         self._scripts: dict[tuple[int, str], Any] = {}
         self._cluster = cluster
         self._closed = False
         self._opening = threading.Lock()  # orders the sync client's creation and close()
-        # Closes close() scheduled on loops running in other threads (kept until done).
-        self._closing: list[concurrent.futures.Future[None]] = []
 
     @property
     def location(self) -> str:
@@ -199,10 +194,9 @@ class RedisEngine:
                 client = redis.asyncio.Redis.from_pool(pool)
             # Published, then the flag read: a close() from another thread meanwhile either
             # finds this client or leaves it here, where it has opened no connection yet.
-            self._async_clients[loop] = client
+            self._async_clients.publish(loop, client)
             if self._closed:
-                if self._async_clients.get(loop) is client:
-                    del self._async_clients[loop]
+                self._async_clients.take(loop, client)
                 self._refuse_if_closed()
         return client
 
@@ -240,6 +234,7 @@ class RedisEngine:
         return self.run(make)
 
     def _execute(self, client: Any, request: Any) -> Any:
+        self._refuse_if_closed()  # a closed client would connect again: not after close()
         if isinstance(request, Script):
             return self._script(client, request.name)(
                 keys=list(request.keys), args=list(request.args), client=client
@@ -251,6 +246,7 @@ class RedisEngine:
         raise TypeError(f"the redis engine cannot run {request!r}")
 
     async def _execute_async(self, client: Any, request: Any) -> Any:
+        self._refuse_if_closed()  # a closed client would connect again: not after close()
         if isinstance(request, Script):
             script = self._script(client, request.name)
             return await script(keys=list(request.keys), args=list(request.args), client=client)
@@ -268,20 +264,14 @@ class RedisEngine:
             client, self._client = self._client, None
         if client is not None:
             client.close()
-        for loop, client in listed(self._async_clients):
-            if self._async_clients.get(loop) is client:
-                del self._async_clients[loop]
-            if loop.is_closed():
-                continue
-            if loop.is_running():  # that loop closes it, between its other callbacks
-                self._closing.append(asyncio.run_coroutine_threadsafe(client.aclose(), loop))
-            else:
-                loop.run_until_complete(client.aclose())
+        self._async_clients.close_all()
 
     async def aclose(self) -> None:
         """Close the clients this engine opened, from inside an event loop."""
         self._closed = True  # first: no call on this loop makes a new client meanwhile
-        client = self._async_clients.pop(asyncio.get_running_loop(), None)
-        if client is not None:
-            await client.aclose()
+        await self._async_clients.close_here()
         await close_elsewhere(self.close)  # the rest: the sync client, other loops' clients
+
+
+async def _close_client(client: Any) -> None:
+    await client.aclose()
