@@ -449,3 +449,36 @@ def test_a_sync_close_inside_a_coroutine_closes_that_loops_pool_when_the_loop_en
     asyncio.run(main())
     assert held
     assert all(map(_is_closed, held))
+
+
+# Redis only: a Postgres pool abandoned with its loop has pending worker tasks, which
+# complain as they are collected (PerLoop's path is the same for both).
+@pytest.mark.providers("redis")
+def test_close_after_a_loop_was_closed_without_ending_its_tasks(open_saver: Opener) -> None:
+    """A loop an application closed without cancelling its tasks (``run_until_complete``,
+    then ``close()``) took what it held with it: ``close()`` later raises nothing and still
+    closes what another, stopped loop holds."""
+    saver = open_saver()
+    gone, other = asyncio.new_event_loop(), asyncio.new_event_loop()
+    try:
+        gone.run_until_complete(approval_graph(saver).ainvoke({"request": "a", "answer": ""}, cfg("t-gone")))
+        other.run_until_complete(approval_graph(saver).ainvoke({"request": "b", "answer": ""}, cfg("t-kept")))
+        held = [resource for loop, resource in _held_by_loop(saver) if loop is other]
+        assert held
+        gone.close()
+        saver.close()
+        assert all(map(_is_closed, held))
+    finally:
+        saver.close()
+        gone.close()
+        other.close()
+
+
+def _held_by_loop(saver: Any) -> list[tuple[Any, Any]]:
+    engine = saver.backend.engine
+    held: list[tuple[Any, Any]] = []
+    for part in (engine.durable, engine.cache) if hasattr(engine, "durable") else (engine,):
+        for per_loop in (getattr(part, "_async_pools", None), getattr(part, "_async_clients", None)):
+            if per_loop is not None:
+                held.extend(per_loop._listed())
+    return held

@@ -4,6 +4,7 @@ that loop, another loop, or another thread."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import threading
@@ -55,7 +56,8 @@ class PerLoop(Generic[R]):
             return False
         closer = self._closers.pop(loop, None)
         if closer is not None:
-            closer.cancel()
+            with contextlib.suppress(RuntimeError):  # its loop has closed: it will never run
+                closer.cancel()
         return True
 
     def _remove(self, loop: asyncio.AbstractEventLoop, resource: R) -> bool:
@@ -78,18 +80,27 @@ class PerLoop(Generic[R]):
         """Close every loop's resource: a running loop's in that loop (its closer, between
         its other callbacks), a stopped one's by running that loop once (on a thread of its
         own if this thread runs a loop), a closed one's not at all (it died with its loop)."""
+        failures: list[Exception] = []
         for loop, resource in self._listed():
-            if loop.is_closed():
-                self.take(loop, resource)
-            elif loop.is_running():
-                closer = self._closers.get(loop)
-                if closer is not None:
-                    try:
-                        loop.call_soon_threadsafe(closer.cancel)
-                    except RuntimeError:  # closed meanwhile
-                        self.take(loop, resource)
-            elif self.take(loop, resource):
-                _run_stopped(loop, functools.partial(self._close, resource))
+            try:
+                self._close_for(loop, resource)
+            except Exception as error:  # the other loops' resources are closed all the same
+                failures.append(error)
+        if failures:
+            raise failures[0]
+
+    def _close_for(self, loop: asyncio.AbstractEventLoop, resource: R) -> None:
+        if loop.is_closed():
+            self.take(loop, resource)
+        elif loop.is_running():
+            closer = self._closers.get(loop)
+            if closer is not None:
+                try:
+                    loop.call_soon_threadsafe(closer.cancel)
+                except RuntimeError:  # closed meanwhile
+                    self.take(loop, resource)
+        elif self.take(loop, resource):
+            _run_stopped(loop, functools.partial(self._close, resource))
 
     async def _close_at_loop_end(self, loop: asyncio.AbstractEventLoop, resource: R) -> None:
         try:
