@@ -9,12 +9,12 @@ import functools
 import logging
 import threading
 import weakref
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any, Generic, TypeVar
 
 __all__ = ["PerLoop", "close_elsewhere"]
 
-logger = logging.getLogger("threadkeep")
+logger = logging.getLogger(__name__)
 
 R = TypeVar("R")
 
@@ -27,7 +27,7 @@ class PerLoop(Generic[R]):
     Whoever takes a resource out (:meth:`take`) closes it, so it is closed once.
     """
 
-    def __init__(self, close: Callable[[R], Awaitable[None]], name: str) -> None:
+    def __init__(self, close: Callable[[R], Coroutine[Any, Any, None]], name: str) -> None:
         self._close = close
         self._name = name
         self._resources: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, R] = weakref.WeakKeyDictionary()
@@ -121,26 +121,19 @@ class PerLoop(Generic[R]):
                 continue
 
 
-def _run_stopped(loop: asyncio.AbstractEventLoop, make: Callable[[], Awaitable[None]]) -> None:
+def _run_stopped(loop: asyncio.AbstractEventLoop, make: Callable[[], Coroutine[Any, Any, None]]) -> None:
     """Run ``make()`` on ``loop``, which is stopped: here, or on a thread of its own where a
     loop runs here (two loops cannot run in one thread)."""
-
-    async def run() -> None:
-        await make()
-
-    def complete(coroutine: Coroutine[Any, Any, None]) -> None:
-        loop.run_until_complete(coroutine)
-
     try:
         asyncio.get_running_loop()
     except RuntimeError:
-        complete(run())
+        loop.run_until_complete(make())
         return
     failure: list[BaseException] = []
 
     def in_thread() -> None:
         try:
-            complete(run())
+            loop.run_until_complete(make())
         except BaseException as error:
             failure.append(error)
 
