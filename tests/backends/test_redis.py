@@ -10,7 +10,13 @@ from typing import Any
 import pytest
 
 from tests.providers import REDIS_URL, Opener
-from threadkeep import CheckpointDeleteError, CheckpointStoreFormatError, Settings, open_checkpointer
+from threadkeep import (
+    CheckpointDeleteError,
+    CheckpointStoreFormatError,
+    Settings,
+    StorageError,
+    open_checkpointer,
+)
 from threadkeep.backends.sql.programs import FORMAT_GENERATION
 from threadkeep.workload import MESSAGES_PER_TURN, build_agent, run_turns, turn_input
 
@@ -207,3 +213,56 @@ async def test_more_concurrent_calls_than_the_client_has_connections_wait_for_on
     await build_agent(saver).ainvoke(turn_input(0), config)
     reads = await asyncio.gather(*(saver.aget_tuple(config) for _ in range(3 * engine._ASYNC_CONNECTIONS)))
     assert all(len(read.checkpoint["channel_values"]["messages"]) == MESSAGES_PER_TURN for read in reads)
+
+
+def _fill_keyspace(saver: Any, keys: int = 3000) -> None:
+    """Keys that match no pattern of the store, so a scan of it takes several SCAN pages
+    (each looks at about 1,000 keys); they expire on their own."""
+    pipe = raw(saver).pipeline(transaction=False)
+    for i in range(keys):
+        pipe.set(f"{{tkfill}}:{i}", b"", ex=60)
+    pipe.execute()
+
+
+def test_a_scan_asks_for_no_page_once_the_store_is_closed(open_saver: Opener, monkeypatch: Any) -> None:
+    """``list(None)`` scans the keyspace a SCAN page at a time. Once ``close()`` lands
+    between two pages, no further page is asked for: the closed client would connect again."""
+    saver = open_saver()
+    run_turns(build_agent(saver), "scanned", 1)
+    _fill_keyspace(saver)
+    client, engine, after_close = raw(saver), saver.backend.engine, []
+    scan = client.scan
+
+    def closing_scan(*args: Any, **kwargs: Any) -> Any:
+        if engine._closed:
+            after_close.append(kwargs)
+        reply = scan(*args, **kwargs)
+        saver.close()  # lands between this page and the next
+        return reply
+
+    monkeypatch.setattr(client, "scan", closing_scan)
+    with pytest.raises(StorageError, match="closed"):
+        list(saver.list(None))
+    assert after_close == []
+
+
+async def test_an_async_scan_asks_for_no_page_once_the_store_is_closed(
+    open_saver: Opener, monkeypatch: Any
+) -> None:
+    saver = open_saver()
+    await build_agent(saver).ainvoke(turn_input(0), {"configurable": {"thread_id": "scanned"}})
+    _fill_keyspace(saver)
+    client, engine, after_close = saver.backend.engine._async(), saver.backend.engine, []
+    scan = client.scan
+
+    async def closing_scan(*args: Any, **kwargs: Any) -> Any:
+        if engine._closed:
+            after_close.append(kwargs)
+        reply = await scan(*args, **kwargs)
+        await saver.aclose()  # lands between this page and the next
+        return reply
+
+    monkeypatch.setattr(client, "scan", closing_scan)
+    with pytest.raises(StorageError, match="closed"):
+        [found async for found in saver.alist(None)]
+    assert after_close == []

@@ -29,7 +29,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from threadkeep.backends.closing import PerLoop, close_elsewhere
-from threadkeep.core.program import ProgramFactory, drive, drive_async
+from threadkeep.core.program import Program, ProgramFactory, drive, drive_async
 from threadkeep.core.retry import RetryPolicy
 from threadkeep.errors import StorageError
 
@@ -63,6 +63,52 @@ class Scan:
     """Every key matching ``pattern``, on every primary of a cluster."""
 
     pattern: str
+
+
+@dataclass(frozen=True, slots=True)
+class _ScanPage:
+    """One SCAN call of a :class:`Scan`: from ``cursor`` on the primary named ``node`` of a
+    cluster (``None``: the one server, or every primary of a cluster from cursor 0). The
+    reply: the next cursor by node name (``None`` for the one server), and the keys."""
+
+    pattern: str
+    cursor: int
+    node: str | None
+
+
+# Keys a SCAN call looks at (a hint to the server; the keys matching are fewer).
+_SCAN_COUNT: Final = 1000
+
+
+def _scan(pattern: str) -> Program[list[bytes]]:
+    """Every key matching ``pattern``, sorted, one SCAN page at a time. The engine answers
+    each page as a request of its own, so a page is not asked for once the engine is closed
+    (redis-py's ``scan_iter`` would go on paging, and a closed client connects again)."""
+    found: set[bytes] = set()
+    cursors, keys = yield _ScanPage(pattern, 0, None)
+    found.update(keys)
+    while cursors := {node: cursor for node, cursor in cursors.items() if cursor != 0}:
+        for node, cursor in cursors.items():
+            reply, keys = yield _ScanPage(pattern, cursor, node)
+            found.update(keys)
+            cursors[node] = reply[node]
+    return sorted(found)
+
+
+def _scan_arguments(client: Any, page: _ScanPage) -> dict[str, Any]:
+    """The arguments of ``client.scan`` for ``page``."""
+    arguments: dict[str, Any] = {"match": page.pattern, "count": _SCAN_COUNT}
+    if not isinstance(client, (redis.cluster.RedisCluster, redis.asyncio.cluster.RedisCluster)):
+        arguments["cursor"] = page.cursor
+    elif page.node is not None:  # else cursor 0 on every primary
+        arguments.update(cursor=page.cursor, target_nodes=client.get_node(node_name=page.node))
+    return arguments
+
+
+def _scan_reply(reply: tuple[Any, list[bytes]]) -> tuple[dict[str | None, int], list[bytes]]:
+    """A SCAN reply as :class:`_ScanPage` says: a cluster's cursors come by node name."""
+    cursor, keys = reply
+    return (cursor if isinstance(cursor, dict) else {None: int(cursor)}), keys
 
 
 def is_connection_error(error: BaseException) -> bool:
@@ -241,8 +287,10 @@ class RedisEngine:
             )
         if isinstance(request, Command):
             return client.execute_command(*request.args)
+        if isinstance(request, _ScanPage):
+            return _scan_reply(client.scan(**_scan_arguments(client, request)))
         if isinstance(request, Scan):
-            return sorted(set(client.scan_iter(match=request.pattern, count=1000)))
+            return drive(_scan(request.pattern), partial(self._execute, client))
         raise TypeError(f"the redis engine cannot run {request!r}")
 
     async def _execute_async(self, client: Any, request: Any) -> Any:
@@ -252,8 +300,10 @@ class RedisEngine:
             return await script(keys=list(request.keys), args=list(request.args), client=client)
         if isinstance(request, Command):
             return await client.execute_command(*request.args)
+        if isinstance(request, _ScanPage):
+            return _scan_reply(await client.scan(**_scan_arguments(client, request)))
         if isinstance(request, Scan):
-            return sorted({key async for key in client.scan_iter(match=request.pattern, count=1000)})
+            return await drive_async(_scan(request.pattern), partial(self._execute_async, client))
         raise TypeError(f"the redis engine cannot run {request!r}")
 
     def close(self) -> None:
