@@ -12,9 +12,11 @@ import pytest
 from tests.providers import REDIS_URL, Opener
 from threadkeep import (
     CheckpointDeleteError,
+    CheckpointSerializationError,
     CheckpointStoreFormatError,
     Settings,
     StorageError,
+    ThreadkeepError,
     open_checkpointer,
 )
 from threadkeep.backends.sql.programs import FORMAT_GENERATION
@@ -266,3 +268,94 @@ async def test_an_async_scan_asks_for_no_page_once_the_store_is_closed(
     with pytest.raises(StorageError, match="closed"):
         [found async for found in saver.alist(None)]
     assert after_close == []
+
+
+def _config(thread_id: str, user_id: str | None = None) -> Any:
+    configurable = {"thread_id": thread_id} | ({"user_id": user_id} if user_id else {})
+    return {"configurable": configurable}
+
+
+def test_a_checkpoint_whose_values_redis_evicted_is_refused_not_read_partial(open_saver: Opener) -> None:
+    """The thread's hash of channel values is removed, as an eviction removes one key of
+    many: a read says what was lost, instead of a state without those channels."""
+    saver = open_saver()
+    run_turns(build_agent(saver), "evicted", 1)
+    keys = thread_keys(saver, "evicted")
+    assert raw(saver).delete(keys[4]) == 1  # KEYS[5]: the channel values
+    with pytest.raises(CheckpointSerializationError, match=r"lost the values of .*messages.*noeviction"):
+        saver.get_tuple(_config("evicted"))
+    with pytest.raises(CheckpointSerializationError, match="lost the values of"):
+        list(saver.list(_config("evicted")))
+
+
+def test_a_thread_whose_record_redis_evicted_is_not_given_to_another_user(open_saver: Opener) -> None:
+    """The thread's record (its owner) is removed and its checkpoints are left: a read for a
+    user says so (whose the thread was is lost), and no write makes the checkpoints left
+    another user's, or recreates the record."""
+    from langgraph.checkpoint.base import empty_checkpoint
+
+    saver = open_saver()
+    build_agent(saver).invoke(turn_input(0), _config("orphan", "alice"))
+    keys = thread_keys(saver, "orphan")
+    stored = {key: raw(saver).dump(key) for key in keys[1:]}
+    assert raw(saver).delete(keys[0]) == 1  # KEYS[1]: the record
+    for user in ("mallory", "alice"):
+        with pytest.raises(CheckpointSerializationError, match=r"lost its record.*noeviction"):
+            saver.get_tuple(_config("orphan", user))
+        with pytest.raises(StorageError, match=r"lost its record.*noeviction"):
+            saver.put(_config("orphan", user), empty_checkpoint(), {}, {})
+        written = _config("orphan", user)
+        written["configurable"].update(checkpoint_ns="", checkpoint_id="x")
+        with pytest.raises(StorageError, match="lost its record"):
+            saver.put_writes(written, [("x", 1)], "task")
+    assert raw(saver).exists(keys[0]) == 0  # nobody owns it
+    assert {key: raw(saver).dump(key) for key in keys[1:]} == stored  # nothing written
+
+
+def test_a_newest_checkpoint_whose_record_redis_evicted_is_refused(open_saver: Opener) -> None:
+    """The hash of checkpoint records is removed while the index of heads stays: the newest
+    checkpoint is known and lost, so a read says so instead of answering "no checkpoint"
+    (which would start the conversation over)."""
+    saver = open_saver()
+    run_turns(build_agent(saver), "headless", 1)
+    assert raw(saver).delete(thread_keys(saver, "headless")[1]) == 1  # KEYS[2]: the records
+    with pytest.raises(CheckpointSerializationError, match=r"newest checkpoint .* lost its record"):
+        saver.get_tuple(_config("headless"))
+
+
+@pytest.mark.providers("redis")
+def test_eviction_under_maxmemory_never_yields_a_partial_state(provider: Any) -> None:
+    """A real Redis at its maxmemory with volatile-lru evicts keys of the threads (they all
+    carry a TTL, SPEC R2). Every read afterwards is the whole state, nothing, or an error;
+    never a state missing channels or messages."""
+    import redis
+
+    from tests.servers import RedisServer
+
+    server = RedisServer("--maxmemory", "4mb", "--maxmemory-policy", "volatile-lru").start()
+    try:
+        with open_checkpointer("redis", server.url, settings=Settings()) as saver:
+            graph = build_agent(saver)
+            threads = [f"e{i}" for i in range(12)]
+            for thread_id in threads:
+                run_turns(graph, thread_id, 2)
+            filler = redis.Redis.from_url(server.url)
+            for i in range(180):  # past maxmemory: some of the threads' keys go, not all
+                filler.set(f"filler:{i}", b"x" * 16_384, ex=3600)
+            assert int(filler.info("stats")["evicted_keys"]) > 0
+            outcomes = {"whole": 0, "none": 0, "refused": 0}
+            for thread_id in threads:
+                try:
+                    state = saver.get_tuple(_config(thread_id))
+                except ThreadkeepError:
+                    outcomes["refused"] += 1
+                    continue
+                if state is None:
+                    outcomes["none"] += 1
+                    continue
+                assert len(state.checkpoint["channel_values"]["messages"]) == 2 * MESSAGES_PER_TURN
+                outcomes["whole"] += 1
+            assert outcomes["whole"] < len(threads), outcomes  # the eviction reached the threads
+            filler.close()
+    finally:
+        server.close()

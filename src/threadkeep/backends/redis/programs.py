@@ -72,6 +72,9 @@ __all__ = [
 ]
 
 NUL = b"\0"
+# load.lua's entry for what Redis evicted, and what the error says of it.
+_LOST = NUL + b"lost"
+_EVICTED = "Redis evicted keys of this thread (run Redis with maxmemory-policy noeviction)"
 # A put sends the messages after what the previous put of the list sent; when more than
 # this many are new to this process, it first asks which the store holds.
 _PROBE_AFTER = 32
@@ -215,6 +218,14 @@ def _stored(
         channel = blobs[i].split(NUL, 1)[0].decode()
         kind, value = blobs[i + 1].split(NUL, 1)
         stored.values.append((channel, kind.decode(), value))
+    # A put stores a value for every channel it versions (an empty one too): one missing
+    # was removed by Redis (an eviction), and the checkpoint is not returned without it.
+    missing = stored.missing_channels()
+    if missing:
+        raise CheckpointSerializationError(
+            f"checkpoint {stored.checkpoint_id} lost the values of {', '.join(missing)}: {_EVICTED}",
+            path=f"thread {thread_id!r}",
+        )
     for i in range(0, len(writes), 2):
         task_id, idx = writes[i].split(NUL, 1)
         path, channel, kind, value = writes[i + 1].split(NUL, 3)
@@ -283,6 +294,9 @@ def _load(
     reply = yield Script("load", keys or space.thread(thread_id), args)
     out: list[tuple[StoredCheckpoint, dict[bytes, list[tuple[str, bytes]]]] | None] = []
     for (ns, _), entry in zip(wanted, reply, strict=True):
+        if entry and entry[0] == _LOST:
+            why = f"{entry[1].decode()}: {_EVICTED}"
+            raise CheckpointSerializationError(why, path=f"thread {thread_id!r}")
         out.append(_stored(thread_id, ns, entry, branch) if entry else None)
     return out
 

@@ -48,6 +48,17 @@ local function touch(ttl_ms)
     end
 end
 
+-- Refuses a write to a thread whose record (KEYS[1]) is gone while its checkpoints remain:
+-- Redis evicted it (a maxmemory policy other than noeviction). The write would make the
+-- writer, maybe another user, the owner of the checkpoints left. Call before any write.
+local function refuse_lost_thread(thread_id)
+    if redis.call("HEXISTS", KEYS[1], "owner") == 0 and redis.call("EXISTS", KEYS[2]) == 1 then
+        error({err = "threadkeep: thread '" .. thread_id .. "' lost its record while its checkpoints "
+            .. "remain (Redis evicted keys of it: run Redis with maxmemory-policy noeviction); "
+            .. "its writes are refused until it is deleted"})
+    end
+end
+
 -- The owner of the thread, creating it for `writer` if it does not exist yet.
 local function own(thread_id, writer, now)
     local owner = redis.call("HGET", KEYS[1], "owner")

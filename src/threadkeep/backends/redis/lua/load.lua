@@ -7,11 +7,14 @@
 -- Returns k entries, each {} when absent (or another user's), else
 --   {checkpoint id, record, {blob field, blob value, ...}, {write field, write value, ...},
 --    {tail, message, message, ...}, ...}: one list per message list not held by the caller,
---   messages oldest first, each "<type>\0<value>".
+--   messages oldest first, each "<type>\0<value>"; or {"\0lost", why} where Redis evicted
+--   what the read needs: the thread's record (when an owner is asked for: whose it was is
+--   lost) while its checkpoints remain, or the record of the newest checkpoint.
 if ARGV[1] ~= "" and redis.call("HGET", KEYS[1], "owner") ~= ARGV[1] then
+    local lost = redis.call("HEXISTS", KEYS[1], "owner") == 0 and redis.call("EXISTS", KEYS[2]) == 1
     local empty = {}
     for i = 1, tonumber(ARGV[3]) do
-        empty[i] = {}
+        empty[i] = lost and {NUL .. "lost", "the thread lost its record while its checkpoints remain"} or {}
     end
     return empty
 end
@@ -22,12 +25,16 @@ end
 local out = {}
 for i = 1, tonumber(ARGV[3]) do
     local ns, checkpoint_id = ARGV[2 + 2 * i], ARGV[3 + 2 * i]
-    if checkpoint_id == "" then
+    local newest = checkpoint_id == ""
+    if newest then
         checkpoint_id = head_of(ns)
     end
     local record = checkpoint_id and redis.call("HGET", KEYS[2], ns .. NUL .. checkpoint_id)
     if not record then
         out[i] = {}
+        if newest and checkpoint_id then
+            out[i] = {NUL .. "lost", "the newest checkpoint " .. checkpoint_id .. " lost its record"}
+        end
     else
         local entry = {checkpoint_id, record}
         local blobs = {}

@@ -5,12 +5,14 @@
 -- for "set": ARGV[3] deadline (s)   ARGV[4] thread id   ARGV[5] user   ARGV[6] now (s)
 --            ARGV[7] required owner ("" any)   ARGV[8] the waiting retention (ms)
 -- Returns {"ok"} or {"forbidden", owner}. "set" creates the thread for its user when its
--- first checkpoint is still on its way, as put.lua would.
+-- first checkpoint is still on its way, as put.lua would; errors (storing nothing) if the
+-- thread lost its record to an eviction (_prelude.lua).
 local field = "park" .. NUL .. ARGV[2]
 if ARGV[1] == "clear" then
     redis.call("HDEL", KEYS[1], field)
     return {"ok"}
 end
+refuse_lost_thread(ARGV[4])
 local owner = own(ARGV[4], ARGV[5], ARGV[6])
 if ARGV[7] ~= "" and owner ~= ARGV[7] then
     return {"forbidden", owner}

@@ -12,6 +12,8 @@
 -- then l, then l pairs: link node, "<digest><prev>"          (stored if absent)
 -- Returns {"ok"}, {"forbidden", owner}, {"stale", head or ""}, or {"resend", index of the
 -- list whose prefix is missing: the caller probes the links and sends the whole rest}.
+-- Errors (storing nothing) if the thread lost its record to an eviction (_prelude.lua).
+refuse_lost_thread(ARGV[1])
 local ns, checkpoint_id, parent = ARGV[6], ARGV[7], ARGV[8]
 
 local owner = redis.call("HGET", KEYS[1], "owner")

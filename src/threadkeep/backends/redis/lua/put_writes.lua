@@ -12,7 +12,11 @@
 --         "0" otherwise
 -- ARGV[10] n, then n triples: "<task id>\0<idx>", "<task path>\0<channel>\0<type>\0<value>",
 --                             "1" if special (overwrites) else "0"
--- Returns {"ok"}, {"dropped"} or {"forbidden", owner}.
+-- Returns {"ok"}, {"dropped"} or {"forbidden", owner}; errors (storing nothing) if the
+-- thread lost its record to an eviction (_prelude.lua; not checked for the cache).
+if ARGV[9] ~= "1" then
+    refuse_lost_thread(ARGV[1])
+end
 local ns, checkpoint_id = ARGV[6], ARGV[7]
 local owner = redis.call("HGET", KEYS[1], "owner")
 if owner and ARGV[3] ~= "" and owner ~= ARGV[3] then
