@@ -376,3 +376,15 @@ def test_p1_open_checkpointer_refuses_an_unknown_option_naming_it() -> None:
         threadkeep.open_checkpointer("memory", settings=Settings(), bogus=1)
     assert "bogus" in caught.value.message
     assert caught.value.context["options"] == ["bogus"]
+
+
+@pytest.mark.parametrize(("raw", "expected"), [("5", 5), ("0", 0), ("null", None), ("none", None)])
+def test_prepare_threshold_is_read(raw: str, expected: int | None) -> None:
+    settings = Settings.from_env({"LLM_PROVIDER_CHECKPOINT_PREPARE_THRESHOLD": raw})
+    assert settings.prepare_threshold == expected
+
+
+@pytest.mark.parametrize("raw", ["-1", "x", "1.5"])
+def test_prepare_threshold_must_be_zero_or_more_or_null(raw: str) -> None:
+    with pytest.raises(ConfigurationError, match="LLM_PROVIDER_CHECKPOINT_PREPARE_THRESHOLD"):
+        Settings.from_env({"LLM_PROVIDER_CHECKPOINT_PREPARE_THRESHOLD": raw})

@@ -51,6 +51,7 @@ VARIABLES: Mapping[str, tuple[str, str | None]] = {
     f"{PREFIX}_POOL_MAX_SIZE": ("pool_max_size", "10"),
     f"{PREFIX}_POOL_TIMEOUT_SECONDS": ("pool_timeout_seconds", "30"),
     f"{PREFIX}_CONNECT_TIMEOUT_SECONDS": ("connect_timeout_seconds", "10"),
+    f"{PREFIX}_PREPARE_THRESHOLD": ("prepare_threshold", "5"),
     f"{PREFIX}_API_KEYS": ("api_keys", None),
     "DATABASE_URL": ("database_url", None),
     "REDIS_URL": ("redis_url", None),
@@ -84,6 +85,7 @@ class Settings:
     pool_max_size: int = 10
     pool_timeout_seconds: int = 30
     connect_timeout_seconds: int = 10
+    prepare_threshold: int | None = 5
     api_keys: str | None = field(default=None, repr=False)
     database_url: str | None = field(default=None, repr=False)
     redis_url: str | None = field(default=None, repr=False)
@@ -112,6 +114,17 @@ class Settings:
                 f"{_variable('pool_min_size')}={self.pool_min_size} exceeds "
                 f"{_variable('pool_max_size')}={self.pool_max_size}",
                 context={"min_size": self.pool_min_size, "max_size": self.pool_max_size},
+            )
+        if self.prepare_threshold is not None and (
+            isinstance(self.prepare_threshold, bool)
+            or not isinstance(self.prepare_threshold, int)
+            or self.prepare_threshold < 0
+        ):
+            raise ConfigurationError(
+                f"{_variable('prepare_threshold')}={self.prepare_threshold!r} must be a whole number, "
+                "zero or more, or null (never prepare statements: PgBouncer's transaction mode "
+                "before 1.21)",
+                context={"variable": _variable("prepare_threshold"), "value": repr(self.prepare_threshold)},
             )
         for name in ("inline_compress_bytes", "state_history_limit"):
             value = getattr(self, name)

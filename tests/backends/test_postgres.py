@@ -749,3 +749,39 @@ async def test_a_coalesced_transaction_of_one_round_trip_stays_whole(provider: A
         rows = [k for (k,) in conn.execute("SELECT k FROM coalesced ORDER BY k")]
     assert rows == [*range(10), *range(50, 60)]  # not 100: its transaction rolled back whole
     assert requests <= 3
+
+
+def test_a_deployment_set_up_by_its_environment_can_turn_prepared_statements_off(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Behind PgBouncer in transaction mode (before 1.21) a statement prepared on one server
+    connection is missing on the next. ``LLM_PROVIDER_CHECKPOINT_PREPARE_THRESHOLD=null``
+    turns prepared statements off for every store the environment opens: a saver's, past
+    psycopg's threshold, and ``threadkeep store``'s."""
+    from threadkeep.providers import registration
+
+    dsn = postgres_schema(uuid.uuid4().hex)
+    environment = {
+        "LLM_PROVIDER_CHECKPOINT": "postgres",
+        "LLM_PROVIDER_CHECKPOINT_CONN_STRING": dsn,
+        "LLM_PROVIDER_CHECKPOINT_POOL_MAX_SIZE": "1",
+        "LLM_PROVIDER_CHECKPOINT_PREPARE_THRESHOLD": "null",
+    }
+    for variable, value in environment.items():
+        monkeypatch.setenv(variable, value)
+    with open_checkpointer() as saver:
+        run_turns(build_agent(saver), "t", 2)  # every write statement runs more than 5 times
+        for _ in range(6):
+            assert saver.get_tuple({"configurable": {"thread_id": "t"}}) is not None
+        with saver.backend.engine._sync_pool().connection() as conn:
+            assert conn.execute("SELECT count(*) FROM pg_prepared_statements").fetchone() == (0,)
+    admin = registration("postgres").admin(Settings.from_env())
+    try:
+        assert admin.engine.options.prepare_threshold is None
+    finally:
+        admin.engine.close()
+    monkeypatch.delenv("LLM_PROVIDER_CHECKPOINT_PREPARE_THRESHOLD")
+    with open_checkpointer() as saver:  # the default prepares
+        saver.get_tuple({"configurable": {"thread_id": "t"}})
+        with saver.backend.engine._sync_pool().connection() as conn:
+            assert conn.execute("SELECT count(*) FROM pg_prepared_statements").fetchone() != (0,)
