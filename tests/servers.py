@@ -195,7 +195,9 @@ class TcpProxy:
     connection die and new connections refused, as when the server goes down. ``accept()``
     listens again on the same port. ``hold()`` keeps each new connection waiting, accepted
     but not yet forwarded (a server slow to answer), until ``release()``; ``holding`` is set
-    once one waits.
+    once one waits. ``stall()`` makes every open connection mute, open but forwarding
+    nothing either way, as a load balancer or NAT that dropped it without a word; new
+    connections are forwarded.
     """
 
     def __init__(self, target_port: int, target_host: str = "127.0.0.1") -> None:
@@ -207,6 +209,7 @@ class TcpProxy:
         self._forwarding = threading.Event()
         self._forwarding.set()
         self.holding = threading.Event()
+        self._generation = 0  # connections of an older generation are mute (stall)
 
     def accept(self) -> TcpProxy:
         listener = socket.socket()
@@ -223,6 +226,10 @@ class TcpProxy:
 
     def release(self) -> None:
         self._forwarding.set()
+
+    def stall(self) -> None:
+        """Make every open connection mute: what either side sends is dropped."""
+        self._generation += 1
 
     def _serve(self, listener: socket.socket) -> None:
         while True:
@@ -245,13 +252,15 @@ class TcpProxy:
             return
         with self._guard:
             self._sockets.add(upstream)
+        generation = self._generation
         for source, sink in ((client, upstream), (upstream, client)):
-            threading.Thread(target=self._pump, args=(source, sink), daemon=True).start()
+            threading.Thread(target=self._pump, args=(source, sink, generation), daemon=True).start()
 
-    def _pump(self, source: socket.socket, sink: socket.socket) -> None:
+    def _pump(self, source: socket.socket, sink: socket.socket, generation: int) -> None:
         try:
             while data := source.recv(65536):
-                sink.sendall(data)
+                if generation == self._generation:
+                    sink.sendall(data)
         except OSError:
             pass
         finally:

@@ -388,3 +388,11 @@ def test_prepare_threshold_is_read(raw: str, expected: int | None) -> None:
 def test_prepare_threshold_must_be_zero_or_more_or_null(raw: str) -> None:
     with pytest.raises(ConfigurationError, match="LLM_PROVIDER_CHECKPOINT_PREPARE_THRESHOLD"):
         Settings.from_env({"LLM_PROVIDER_CHECKPOINT_PREPARE_THRESHOLD": raw})
+
+
+def test_command_timeout_is_read_and_must_be_positive() -> None:
+    variable = "LLM_PROVIDER_CHECKPOINT_COMMAND_TIMEOUT_SECONDS"
+    assert Settings.from_env({variable: "5"}).command_timeout_seconds == 5
+    for raw in ("0", "-1", "x"):
+        with pytest.raises(ConfigurationError, match=variable):
+            Settings.from_env({variable: raw})

@@ -52,6 +52,7 @@ VARIABLES: Mapping[str, tuple[str, str | None]] = {
     f"{PREFIX}_POOL_TIMEOUT_SECONDS": ("pool_timeout_seconds", "30"),
     f"{PREFIX}_CONNECT_TIMEOUT_SECONDS": ("connect_timeout_seconds", "10"),
     f"{PREFIX}_PREPARE_THRESHOLD": ("prepare_threshold", "5"),
+    f"{PREFIX}_COMMAND_TIMEOUT_SECONDS": ("command_timeout_seconds", "30"),
     f"{PREFIX}_API_KEYS": ("api_keys", None),
     "DATABASE_URL": ("database_url", None),
     "REDIS_URL": ("redis_url", None),
@@ -86,6 +87,7 @@ class Settings:
     pool_timeout_seconds: int = 30
     connect_timeout_seconds: int = 10
     prepare_threshold: int | None = 5
+    command_timeout_seconds: int = 30
     api_keys: str | None = field(default=None, repr=False)
     database_url: str | None = field(default=None, repr=False)
     redis_url: str | None = field(default=None, repr=False)
@@ -107,6 +109,7 @@ class Settings:
             "pool_max_size",
             "pool_timeout_seconds",
             "connect_timeout_seconds",
+            "command_timeout_seconds",
         ):
             _check_positive(name, getattr(self, name))
         if self.pool_min_size > self.pool_max_size:

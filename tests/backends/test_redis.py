@@ -288,39 +288,56 @@ def test_a_checkpoint_whose_values_redis_evicted_is_refused_not_read_partial(ope
         list(saver.list(_config("evicted")))
 
 
-def test_a_thread_whose_record_redis_evicted_is_not_given_to_another_user(open_saver: Opener) -> None:
-    """The thread's record (its owner) is removed and its checkpoints are left: a read for a
-    user says so (whose the thread was is lost), and no write makes the checkpoints left
-    another user's, or recreates the record."""
+# The keys of a thread (see lua/_prelude.lua) an eviction may take alone, and what the
+# thread then lost.
+_LOSSES = [
+    pytest.param(0, "its record", id="record"),
+    pytest.param(1, "part of its checkpoints", id="checkpoint-records"),
+    pytest.param(2, "part of its checkpoints", id="heads"),
+    pytest.param(3, "part of its checkpoints", id="order"),
+    pytest.param(5, "part of its pending writes", id="writes"),
+    pytest.param(6, "part of its pending writes", id="write-index"),
+]
+
+
+@pytest.mark.parametrize(("key", "lost"), _LOSSES)
+def test_a_thread_redis_evicted_part_of_is_refused_until_an_operator_deletes_it(
+    open_saver: Opener, key: int, lost: str
+) -> None:
+    """One key of a thread removed, as an eviction removes one key of many: every read and
+    write says what the thread lost, nothing is written (a write would build on what is
+    left, or give the checkpoints left to its writer, maybe another user), and an operator
+    can delete what is left."""
     from langgraph.checkpoint.base import empty_checkpoint
 
-    saver = open_saver()
-    build_agent(saver).invoke(turn_input(0), _config("orphan", "alice"))
-    keys = thread_keys(saver, "orphan")
-    stored = {key: raw(saver).dump(key) for key in keys[1:]}
-    assert raw(saver).delete(keys[0]) == 1  # KEYS[1]: the record
-    for user in ("mallory", "alice"):
-        with pytest.raises(CheckpointSerializationError, match=r"lost its record.*noeviction"):
-            saver.get_tuple(_config("orphan", user))
-        with pytest.raises(StorageError, match=r"lost its record.*noeviction"):
-            saver.put(_config("orphan", user), empty_checkpoint(), {}, {})
-        written = _config("orphan", user)
-        written["configurable"].update(checkpoint_ns="", checkpoint_id="x")
-        with pytest.raises(StorageError, match="lost its record"):
-            saver.put_writes(written, [("x", 1)], "task")
-    assert raw(saver).exists(keys[0]) == 0  # nobody owns it
-    assert {key: raw(saver).dump(key) for key in keys[1:]} == stored  # nothing written
+    from threadkeep import operator_scope
 
-
-def test_a_newest_checkpoint_whose_record_redis_evicted_is_refused(open_saver: Opener) -> None:
-    """The hash of checkpoint records is removed while the index of heads stays: the newest
-    checkpoint is known and lost, so a read says so instead of answering "no checkpoint"
-    (which would start the conversation over)."""
     saver = open_saver()
-    run_turns(build_agent(saver), "headless", 1)
-    assert raw(saver).delete(thread_keys(saver, "headless")[1]) == 1  # KEYS[2]: the records
-    with pytest.raises(CheckpointSerializationError, match=r"newest checkpoint .* lost its record"):
-        saver.get_tuple(_config("headless"))
+    build_agent(saver).invoke(turn_input(0), _config("partial", "alice"))
+    head = saver.get_tuple(_config("partial", "alice"))
+    assert head is not None
+
+    def at_head(user: str) -> Any:
+        return {"configurable": {**head.config["configurable"], "user_id": user}}
+
+    saver.put_writes(at_head("alice"), [("pending", 1)], "task")  # pending writes to lose
+    keys = thread_keys(saver, "partial")
+    assert raw(saver).delete(keys[key]) == 1
+    left = {name: raw(saver).dump(name) for name in keys}
+    for user in ("alice", "mallory"):
+        with pytest.raises(CheckpointSerializationError, match=rf"lost {re.escape(lost)}.*noeviction"):
+            saver.get_tuple(_config("partial", user))
+        with pytest.raises(CheckpointSerializationError, match=f"lost {re.escape(lost)}"):
+            list(saver.list(_config("partial", user)))
+        with pytest.raises(StorageError, match=rf"lost {re.escape(lost)}.*noeviction"):
+            saver.put(_config("partial", user), empty_checkpoint(), {}, {})
+        with pytest.raises(StorageError, match=f"lost {re.escape(lost)}"):
+            saver.put_writes(at_head(user), [("x", 1)], "task")
+    assert {name: raw(saver).dump(name) for name in keys} == left  # nothing written
+    with operator_scope():
+        saver.delete_thread("partial")
+    assert raw(saver).exists(*keys) == 0
+    build_agent(saver).invoke(turn_input(0), _config("partial", "mallory"))  # a new thread now
 
 
 @pytest.mark.providers("redis")
@@ -359,3 +376,44 @@ def test_eviction_under_maxmemory_never_yields_a_partial_state(provider: Any) ->
             filler.close()
     finally:
         server.close()
+
+
+@pytest.mark.providers("redis")
+def test_a_connection_dropped_without_a_word_is_given_up_and_the_call_retried(provider: Any) -> None:
+    """A load balancer or NAT that drops a connection silently leaves it open and mute. A
+    command on it waits for its reply no longer than COMMAND_TIMEOUT_SECONDS; the call then
+    goes on a new connection, instead of waiting for the kernel's TCP timeout (minutes)."""
+    import threading
+    import uuid
+
+    import redis
+
+    from tests.servers import TcpProxy
+
+    port = int(REDIS_URL.rsplit(":", 1)[1].split("/")[0])
+    proxy = TcpProxy(port).accept()
+    prefix = f"tkmute{uuid.uuid4().hex[:8]}"
+    settings = Settings(command_timeout_seconds=1, retry_backoff_seconds=0.1)
+    try:
+        url = f"redis://127.0.0.1:{proxy.port}/0"
+        with open_checkpointer("redis", url, settings=settings, key_prefix=prefix) as saver:
+            graph = build_agent(saver)
+            run_turns(graph, "mute", 1)
+            proxy.stall()
+            finished = threading.Event()
+
+            def next_turn() -> None:
+                run_turns(graph, "mute", 1, first=1)
+                finished.set()
+
+            threading.Thread(target=next_turn, daemon=True).start()
+            assert finished.wait(60), "a mute connection held the call"
+            state = saver.get_tuple(_config("mute"))
+            assert state is not None
+            assert len(state.checkpoint["channel_values"]["messages"]) == 2 * MESSAGES_PER_TURN
+    finally:
+        proxy.close()
+        cleaner = redis.Redis.from_url(REDIS_URL)
+        for key in cleaner.scan_iter(match=f"{prefix}:*"):
+            cleaner.delete(key)
+        cleaner.close()

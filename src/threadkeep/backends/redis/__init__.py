@@ -173,6 +173,7 @@ def open_redis_backend(settings: Settings, *, gate: bool = True, **options: Any)
         client=client,
         async_client=options.get("async_client"),
         connect_timeout=settings.connect_timeout_seconds,
+        socket_timeout=settings.command_timeout_seconds,
     )
     backend = RedisBackend(
         engine, KeySpace(options.get("key_prefix", "tk")), settings.retention_waiting_minutes * 60_000

@@ -72,9 +72,20 @@ __all__ = [
 ]
 
 NUL = b"\0"
-# load.lua's entry for what Redis evicted, and what the error says of it.
+# load.lua's and page.lua's answer where Redis evicted part of a thread, and what the error
+# says of it.
 _LOST = NUL + b"lost"
-_EVICTED = "Redis evicted keys of this thread (run Redis with maxmemory-policy noeviction)"
+_EVICTED = (
+    "an eviction by Redis (run Redis with maxmemory-policy noeviction); an operator can delete what is left"
+)
+
+
+def _refuse_lost(thread_id: str, reply: Sequence[Any]) -> None:
+    """Raise if ``reply`` is load.lua's or page.lua's answer for a thread Redis evicted part of."""
+    if reply and reply[0] == _LOST:
+        raise CheckpointSerializationError(f"{reply[1].decode()}: {_EVICTED}", path=f"thread {thread_id!r}")
+
+
 # A put sends the messages after what the previous put of the list sent; when more than
 # this many are new to this process, it first asks which the store holds.
 _PROBE_AFTER = 32
@@ -294,9 +305,7 @@ def _load(
     reply = yield Script("load", keys or space.thread(thread_id), args)
     out: list[tuple[StoredCheckpoint, dict[bytes, list[tuple[str, bytes]]]] | None] = []
     for (ns, _), entry in zip(wanted, reply, strict=True):
-        if entry and entry[0] == _LOST:
-            why = f"{entry[1].decode()}: {_EVICTED}"
-            raise CheckpointSerializationError(why, path=f"thread {thread_id!r}")
+        _refuse_lost(thread_id, entry)
         out.append(_stored(thread_id, ns, entry, branch) if entry else None)
     return out
 
@@ -368,6 +377,7 @@ def list_page(
         query.checkpoint_id or "",
     ]
     reply = yield Script("page", space.thread(thread_id), args)
+    _refuse_lost(thread_id, reply)
     next_inner = reply[0].decode()
     chosen: list[tuple[str, str]] = []
     for i in range(1, len(reply), 3):

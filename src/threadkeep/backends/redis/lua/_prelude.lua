@@ -48,14 +48,34 @@ local function touch(ttl_ms)
     end
 end
 
--- Refuses a write to a thread whose record (KEYS[1]) is gone while its checkpoints remain:
--- Redis evicted it (a maxmemory policy other than noeviction). The write would make the
--- writer, maybe another user, the owner of the checkpoints left. Call before any write.
+-- What Redis evicted of this thread, or nil. Every key has a TTL (SPEC R2), so a Redis at its
+-- maxmemory under a policy other than noeviction may evict some keys of a thread and not
+-- others: its record while its checkpoints remain, or one of the keys a write fills together
+-- (the checkpoint records and their two indexes; the pending writes and their index). Lost
+-- values and messages are found where they are read.
+local function lost_part()
+    local records = redis.call("EXISTS", KEYS[2]) == 1
+    if records and redis.call("HEXISTS", KEYS[1], "owner") == 0 then
+        return "its record (its owner)"
+    end
+    if records ~= (redis.call("EXISTS", KEYS[3]) == 1) or records ~= (redis.call("EXISTS", KEYS[4]) == 1) then
+        return "part of its checkpoints"
+    end
+    if redis.call("EXISTS", KEYS[6]) ~= redis.call("EXISTS", KEYS[7]) then
+        return "part of its pending writes"
+    end
+    return nil
+end
+
+-- Refuses a write to a thread that lost part of it (lost_part): the write would build on
+-- what is left, or make its writer, maybe another user, the owner of the checkpoints left.
+-- Call before any write. An operator can delete what is left (delete.lua).
 local function refuse_lost_thread(thread_id)
-    if redis.call("HEXISTS", KEYS[1], "owner") == 0 and redis.call("EXISTS", KEYS[2]) == 1 then
-        error({err = "threadkeep: thread '" .. thread_id .. "' lost its record while its checkpoints "
-            .. "remain (Redis evicted keys of it: run Redis with maxmemory-policy noeviction); "
-            .. "its writes are refused until it is deleted"})
+    local lost = lost_part()
+    if lost then
+        error({err = "threadkeep: thread '" .. thread_id .. "' lost " .. lost .. " to an eviction "
+            .. "(run Redis with maxmemory-policy noeviction); its reads and writes are refused "
+            .. "until an operator deletes it"})
     end
 end
 

@@ -19,6 +19,10 @@ local field = "version" .. NUL .. ns
 if redis.call("HEXISTS", KEYS[1], "gone") == 1 then
     return {"skipped", "gone"}
 end
+-- An entry Redis evicted part of (lost_part) is dropped; the state then fills it again.
+if lost_part() then
+    redis.call("DEL", unpack(KEYS))
+end
 local cached = redis.call("HGET", KEYS[1], field)
 
 -- A state that continues the cached one always applies; otherwise an older one is refused.

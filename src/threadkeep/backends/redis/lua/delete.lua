@@ -7,8 +7,13 @@
 --         the same script as the delete, so a run that starts or parks after the sweep read
 --         its page keeps its thread.
 -- Returns 1 if the thread was deleted, 0 if there was none to see, -1 if the sweep must
--- keep it.
+-- keep it. What is left of a thread that lost its record to an eviction (lost_part) has no
+-- owner to check: an operator (no owner filter) deletes it, at once.
 local owner = redis.call("HGET", KEYS[1], "owner")
+if not owner and ARGV[1] == "" and lost_part() then
+    redis.call("DEL", unpack(KEYS))
+    return 1
+end
 if not owner or (ARGV[1] ~= "" and owner ~= ARGV[1]) then
     return 0
 end

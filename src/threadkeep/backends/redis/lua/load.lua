@@ -7,14 +7,20 @@
 -- Returns k entries, each {} when absent (or another user's), else
 --   {checkpoint id, record, {blob field, blob value, ...}, {write field, write value, ...},
 --    {tail, message, message, ...}, ...}: one list per message list not held by the caller,
---   messages oldest first, each "<type>\0<value>"; or {"\0lost", why} where Redis evicted
---   what the read needs: the thread's record (when an owner is asked for: whose it was is
---   lost) while its checkpoints remain, or the record of the newest checkpoint.
+--   messages oldest first, each "<type>\0<value>"; or, every entry, {"\0lost", what}: Redis
+--   evicted part of the thread (lost_part, _prelude.lua).
+local lost = lost_part()
+if lost then
+    local entries = {}
+    for i = 1, tonumber(ARGV[3]) do
+        entries[i] = {NUL .. "lost", "the thread lost " .. lost}
+    end
+    return entries
+end
 if ARGV[1] ~= "" and redis.call("HGET", KEYS[1], "owner") ~= ARGV[1] then
-    local lost = redis.call("HEXISTS", KEYS[1], "owner") == 0 and redis.call("EXISTS", KEYS[2]) == 1
     local empty = {}
     for i = 1, tonumber(ARGV[3]) do
-        empty[i] = lost and {NUL .. "lost", "the thread lost its record while its checkpoints remain"} or {}
+        empty[i] = {}
     end
     return empty
 end

@@ -5,7 +5,12 @@
 -- ARGV[3] that namespace              ARGV[4] before: only ids below it ("" = none)
 -- ARGV[5] cursor: continue below this "order" member ("" = from the newest)
 -- ARGV[6] page size                   ARGV[7] checkpoint id to keep only ("" = any)
--- Returns {next cursor ("" when done), checkpoint id, namespace, metadata JSON, ...}.
+-- Returns {next cursor ("" when done), checkpoint id, namespace, metadata JSON, ...}, or
+-- {"\0lost", what}: Redis evicted part of the thread (lost_part, _prelude.lua).
+local lost = lost_part()
+if lost then
+    return {NUL .. "lost", "the thread lost " .. lost}
+end
 if ARGV[1] ~= "" and redis.call("HGET", KEYS[1], "owner") ~= ARGV[1] then
     return {""}
 end

@@ -2,8 +2,9 @@
 -- with its writes and the channel values it refers to.
 -- KEYS: the nine keys of the thread (see _prelude.lua).
 -- ARGV[1] owner filter ("" = any)
--- Returns how many checkpoints were removed.
-if ARGV[1] ~= "" and redis.call("HGET", KEYS[1], "owner") ~= ARGV[1] then
+-- Returns how many checkpoints were removed; 0 for a thread Redis evicted part of (lost_part):
+-- what is left is not pruned, but deleted whole by an operator (delete.lua).
+if lost_part() or (ARGV[1] ~= "" and redis.call("HGET", KEYS[1], "owner") ~= ARGV[1]) then
     return 0
 end
 local removed = 0
