@@ -478,7 +478,10 @@ FROM walked JOIN tk_messages AS message ON message.tid = %(tid)s AND message.dig
 """
 
 # A page of checkpoints, newest first. The metadata filter narrows the page in SQL (jsonb
-# containment); the program then keeps only exact matches.
+# containment); the program then keeps only exact matches. jsonb cannot hold a NUL character,
+# which a filter or nested metadata may (LangGraph drops it only from top-level strings): both
+# sides are compared with their \u0000 escapes read as U+FFFD, and the exact check tells the
+# two apart.
 _LIST_COLUMNS = """
 SELECT t.thread_id, c.tid, c.checkpoint_ns, c.checkpoint_id, c.metadata::text
 FROM tk_threads AS t JOIN tk_checkpoints AS c ON c.tid = t.tid
@@ -489,7 +492,9 @@ _LIST_CONDITIONS = """
   AND (%(checkpoint_ns)s::text IS NULL OR c.checkpoint_ns = %(checkpoint_ns)s::text)
   AND (%(checkpoint_id)s::text IS NULL OR c.checkpoint_id = %(checkpoint_id)s::text)
   AND (%(before)s::text IS NULL OR c.checkpoint_id < %(before)s::text)
-  AND (%(filter)s::jsonb IS NULL OR c.metadata::jsonb @> %(filter)s::jsonb)
+  AND (%(filter)s::text IS NULL
+       OR replace(c.metadata::text, '\\u0000', '\\ufffd')::jsonb
+          @> replace(%(filter)s::text, '\\u0000', '\\ufffd')::jsonb)
   AND (%(cursor_id)s::text IS NULL
        OR (c.checkpoint_id, c.tid, c.checkpoint_ns)
           < (%(cursor_id)s::text, %(cursor_tid)s::bigint, %(cursor_ns)s::text))

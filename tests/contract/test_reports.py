@@ -1,0 +1,103 @@
+"""What users of LangGraph's own savers reported going wrong, checked on every provider.
+
+Each test names the report it comes from; threadkeep's code handled each already, and these
+tests keep it so.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from langchain_core.messages import HumanMessage
+from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.base import empty_checkpoint
+
+from threadkeep import operator_scope
+from threadkeep.workload import MESSAGES_PER_TURN, build_agent, run_turns, turn_input
+
+
+def cfg(thread_id: str, **extra: Any) -> RunnableConfig:
+    return {"configurable": {"thread_id": thread_id, "checkpoint_ns": "", **extra}}
+
+
+def _checkpoint(values: dict[str, Any]) -> Any:
+    checkpoint = empty_checkpoint()
+    checkpoint["channel_values"] = values
+    checkpoint["channel_versions"] = dict.fromkeys(values, 1)
+    return checkpoint
+
+
+def test_nul_characters_in_state_and_metadata_read_back(saver: Any) -> None:
+    """langgraph#1878: AsyncPostgresSaver failed on state holding a NUL character
+    ("unsupported Unicode escape sequence"), which Postgres's jsonb cannot hold. A message, a
+    channel value and a nested metadata value holding one read back exactly; a list filtered
+    on metadata, with or without one, finds what it should and fails on nothing."""
+    values = {"messages": [HumanMessage(content="a\x00b", id="m1")], "note": "x\x00y"}
+    checkpoint = _checkpoint(values)
+    metadata = {"source": "input", "step": -1, "tag": "t\x00u", "info": {"x": "a\x00b"}}
+    stored = saver.put(cfg("nul"), checkpoint, metadata, {"messages": 1, "note": 1})
+    read = saver.get_tuple(stored)
+    assert read.checkpoint["channel_values"] == values
+    assert read.metadata["info"] == {"x": "a\x00b"}
+    assert read.metadata["tag"] == "tu"  # LangGraph drops NUL from top-level metadata strings
+
+    def listed(**wanted: Any) -> list[str]:
+        return [item.checkpoint["id"] for item in saver.list(cfg("nul"), filter=wanted)]
+
+    assert listed(source="input") == [checkpoint["id"]]
+    assert listed(info={"x": "a\x00b"}) == [checkpoint["id"]]
+    assert listed(tag="tu") == [checkpoint["id"]]
+    assert listed(tag="t\x00u") == []  # as stored: without its NUL
+    assert listed(info={"x": "ab"}) == []
+
+
+def test_putting_a_checkpoint_again_keeps_its_pending_writes(saver: Any) -> None:
+    """langgraphjs#1996: a put of a checkpoint that already had pending writes hid them. A
+    step replayed after a lost reply puts the same checkpoint again: its writes stay."""
+    checkpoint = _checkpoint({"note": "a"})
+    stored = saver.put(cfg("again"), checkpoint, {"source": "loop", "step": 0}, {"note": 1})
+    saver.put_writes(stored, [("note", "b")], "task-1")
+    again = saver.put(cfg("again"), checkpoint, {"source": "loop", "step": 0}, {"note": 1})
+    assert again["configurable"]["checkpoint_id"] == checkpoint["id"]
+    read = saver.get_tuple(stored)
+    assert [(task, channel, value) for task, channel, value in read.pending_writes] == [
+        ("task-1", "note", "b")
+    ]
+
+
+def test_thread_ids_with_the_characters_keys_and_queries_use_work(saver: Any) -> None:
+    """langgraphjs#2012: thread ids holding characters a store uses in its keys or queries
+    (a Redis hash tag's braces, separators, quotes, wildcards) broke reads. Each id keeps its
+    own conversation, lists and deletes."""
+    ids = ["a}{b:c", "{tag}", "x*y?[z]", 'it\'s "quoted"', "with space", "线程", "%(name)s", "a\\b"]
+    graph = build_agent(saver)
+    for turn, thread_id in enumerate(ids):
+        run_turns(graph, thread_id, 1, first=turn)
+    for turn, thread_id in enumerate(ids):
+        state = saver.get_tuple(cfg(thread_id))
+        assert state is not None, thread_id
+        messages = state.checkpoint["channel_values"]["messages"]
+        assert len(messages) == MESSAGES_PER_TURN
+        assert messages[0].content.startswith(f"Turn {turn}:"), thread_id
+    with operator_scope():
+        listed = {item.config["configurable"]["thread_id"] for item in saver.list(None)}
+    assert set(ids) <= listed
+    saver.delete_thread(ids[0])
+    assert saver.get_tuple(cfg(ids[0])) is None
+    assert all(saver.get_tuple(cfg(thread_id)) is not None for thread_id in ids[1:])
+
+
+async def test_a_paused_list_does_not_hold_up_writes(saver: Any) -> None:
+    """langgraph#8558: an ``alist`` iteration left paused blocked writes to the store. A
+    list taken one item at a time, then left, lets a write to the same thread through."""
+    graph = build_agent(saver)
+    for turn in range(2):
+        await graph.ainvoke(turn_input(turn), {"configurable": {"thread_id": "paused"}})
+    listing = saver.alist(cfg("paused"))
+    first = await anext(listing)
+    assert first is not None
+    await asyncio.wait_for(graph.ainvoke(turn_input(2), {"configurable": {"thread_id": "paused"}}), 30)
+    state = await saver.aget_tuple(cfg("paused"))
+    assert len(state.checkpoint["channel_values"]["messages"]) == 3 * MESSAGES_PER_TURN
+    await listing.aclose()
