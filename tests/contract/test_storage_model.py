@@ -230,6 +230,33 @@ def test_s3_history_limit_keeps_the_newest_checkpoints(open_saver: Opener) -> No
     assert saver.stats()["channel_values"] == len(referenced)
 
 
+def test_s3_an_update_of_a_checkpoint_the_limit_removed_meanwhile_keeps_every_value(
+    open_saver: Opener,
+) -> None:
+    """An update of an older checkpoint (``update_state``) while the run goes on: by the
+    time its put lands, the history limit has removed its parent and the values only that
+    parent named. The values the update keeps from its parent are stored again, not lost."""
+    from langgraph.checkpoint.base import empty_checkpoint
+
+    def checkpoint(values: dict[str, str], versions: dict[str, str]) -> Any:
+        made = empty_checkpoint()
+        made["channel_values"], made["channel_versions"] = values, versions
+        return made
+
+    saver = open_saver(state_history_limit=1)
+    big = "x" * 2000  # large enough to be a value of its own, not kept in the row
+    first = saver.put(
+        cfg("updated"),
+        checkpoint({"a": "a1" + big, "b": "b1"}, {"a": "1", "b": "1"}),
+        {"step": 0},
+        {"a": "1", "b": "1"},
+    )
+    saver.put(first, checkpoint({"a": "a2" + big, "b": "b1"}, {"a": "2", "b": "1"}), {"step": 1}, {"a": "2"})
+    update = checkpoint({"a": "a1" + big, "b": "b2"}, {"a": "1", "b": "2"})
+    stored = saver.put(first, update, {"source": "update", "step": 1}, {"b": "2"})
+    assert saver.get_tuple(stored).checkpoint["channel_values"] == {"a": "a1" + big, "b": "b2"}
+
+
 def test_s3_history_limit_keeps_large_values_a_kept_checkpoint_names(open_saver: Opener) -> None:
     from langgraph.checkpoint.base import empty_checkpoint
 

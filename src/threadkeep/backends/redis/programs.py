@@ -174,6 +174,11 @@ def put(space: KeySpace, step: PutStep, ttl_ms: int) -> Program[RunnableConfig]:
             raise StaleStateError(
                 target.thread_id, target.checkpoint_ns, step.parent_id, reply[1].decode() or None
             )
+        if status == b"whole" and step.whole is not None:
+            # A value the checkpoint keeps from its parent is gone (put.lua): send every value.
+            step = step.whole()
+            known = [chain.reused for chain in step.chains]
+            continue
         # "resend": a list's prefix is not stored (deleted, or never committed): ask which is.
         for position, chain in enumerate(step.chains):
             known[position] = stored_prefix((yield Script("probe", keys, chain.nodes)))

@@ -10,8 +10,10 @@
 -- then n, then n pairs: blob field "<channel>\0<version>", "<type>\0<value>"
 -- then m, then m pairs: message digest, "<type>\0<value>"   (stored if absent)
 -- then l, then l pairs: link node, "<digest><prev>"          (stored if absent)
--- Returns {"ok"}, {"forbidden", owner}, {"stale", head or ""}, or {"resend", index of the
--- list whose prefix is missing: the caller probes the links and sends the whole rest}.
+-- Returns {"ok"}, {"forbidden", owner}, {"stale", head or ""}, {"resend", index of the
+-- list whose prefix is missing: the caller probes the links and sends the whole rest}, or
+-- {"whole"}: a value the checkpoint keeps from its parent is not stored (lacks_values): the
+-- caller sends every value.
 -- Errors (storing nothing) if the thread lost its record to an eviction (_prelude.lua).
 refuse_lost_thread(ARGV[1])
 local ns, checkpoint_id, parent = ARGV[6], ARGV[7], ARGV[8]
@@ -31,6 +33,9 @@ end
 local missing = missing_prefix(11)
 if missing then
     return {"resend", missing}
+end
+if lacks_values(11, ns, ARGV[9]) then
+    return {"whole"}
 end
 own(ARGV[1], ARGV[2], ARGV[4])
 store_step(11, ns, checkpoint_id, ARGV[9])
