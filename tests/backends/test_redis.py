@@ -304,13 +304,14 @@ _LOSSES = [
 def test_a_thread_redis_evicted_part_of_is_refused_until_an_operator_deletes_it(
     open_saver: Opener, key: int, lost: str
 ) -> None:
-    """One key of a thread removed, as an eviction removes one key of many: every read and
-    write says what the thread lost, nothing is written (a write would build on what is
-    left, or give the checkpoints left to its writer, maybe another user), and an operator
-    can delete what is left."""
+    """One key of a thread removed, as an eviction removes one key of many: its owner's and an
+    operator's reads and every write say what the thread lost (another user sees nothing,
+    and no user reads a thread whose owner is lost), nothing is written (a write would build
+    on what is left, or give the checkpoints left to its writer, maybe another user), and an
+    operator can delete what is left."""
     from langgraph.checkpoint.base import empty_checkpoint
 
-    from threadkeep import operator_scope
+    from threadkeep import operator_scope, user_scope
 
     saver = open_saver()
     build_agent(saver).invoke(turn_input(0), _config("partial", "alice"))
@@ -324,11 +325,21 @@ def test_a_thread_redis_evicted_part_of_is_refused_until_an_operator_deletes_it(
     keys = thread_keys(saver, "partial")
     assert raw(saver).delete(keys[key]) == 1
     left = {name: raw(saver).dump(name) for name in keys}
-    for user in ("alice", "mallory"):
+    with operator_scope():
         with pytest.raises(CheckpointSerializationError, match=rf"lost {re.escape(lost)}.*noeviction"):
-            saver.get_tuple(_config("partial", user))
+            saver.get_tuple(_config("partial"))
         with pytest.raises(CheckpointSerializationError, match=f"lost {re.escape(lost)}"):
-            list(saver.list(_config("partial", user)))
+            list(saver.list(_config("partial")))
+    if key == 0:  # whose it was is lost: no user reads it
+        assert saver.get_tuple(_config("partial", "alice")) is None
+    else:
+        with pytest.raises(CheckpointSerializationError, match=f"lost {re.escape(lost)}"):
+            saver.get_tuple(_config("partial", "alice"))
+    assert saver.get_tuple(_config("partial", "mallory")) is None  # never another user's
+    assert list(saver.list(_config("partial", "mallory"))) == []
+    with user_scope("mallory"):  # another user's damaged thread does not break a list of all
+        assert list(saver.list(None)) == []
+    for user in ("alice", "mallory"):
         with pytest.raises(StorageError, match=rf"lost {re.escape(lost)}.*noeviction"):
             saver.put(_config("partial", user), empty_checkpoint(), {}, {})
         with pytest.raises(StorageError, match=f"lost {re.escape(lost)}"):

@@ -18,7 +18,7 @@ from tests.providers import REDIS_URL, postgres_schema, stored_checkpoint_ids
 from threadkeep import Settings, StaleStateError, open_checkpointer
 from threadkeep.backends.tiered.cache import NO_VERSION, REMOVED_HOLD_MS
 from threadkeep.metrics import CACHE_EVENTS, Metrics
-from threadkeep.workload import build_agent, turn_input
+from threadkeep.workload import MESSAGES_PER_TURN, build_agent, turn_input
 
 pytestmark = pytest.mark.providers("tiered")
 
@@ -206,6 +206,29 @@ def test_t4_the_cache_refuses_an_older_state_and_accepts_an_equal_one(tiered: Ti
     again = engine.run(lambda: cache.store(newest, "anonymous"))
     assert again == "ok"
     assert tiered.cached_version("t4") == newest.checkpoint_id
+
+
+def test_t4_an_entry_redis_evicted_part_of_still_refuses_an_older_state(tiered: Tiered) -> None:
+    """The entry loses one key to an eviction (its checkpoints' index): an older state is
+    still refused (its versions stay), and a step, which cannot apply to what is left,
+    fills it again whole."""
+    steps = recorded_steps(tiered.saver)
+    build_agent(tiered.saver).invoke(turn_input(0), cfg("t4-evicted"))
+    cache, engine = tiered.saver.backend.cache, tiered.saver.backend.engine.cache
+    newest, older = steps[-1], steps[-3]
+    keys = cache.keys("t4-evicted", "anonymous")
+    assert tiered.redis.delete(keys[2]) == 1  # KEYS[3]: the heads
+    outcome = engine.run(
+        lambda: cache.store(older.whole() if older.whole else older, "anonymous", whole=True)
+    )
+    assert outcome == "skipped"
+    assert tiered.cached_version("t4-evicted") == newest.checkpoint_id
+    # A step cannot apply to what is left: the entry is emptied and the state sent whole.
+    assert engine.run(lambda: cache.store(newest, "anonymous")) == "ok"
+    assert tiered.cached_version("t4-evicted") == newest.checkpoint_id
+    assert tiered.redis.exists(keys[2]) == 1
+    state = tiered.saver.get_tuple(cfg("t4-evicted"))
+    assert len(state.checkpoint["channel_values"]["messages"]) == MESSAGES_PER_TURN
 
 
 def test_t4_a_state_with_no_durable_version_never_overwrites_one(tiered: Tiered) -> None:

@@ -50,6 +50,7 @@ def test_nul_characters_in_state_and_metadata_read_back(saver: Any) -> None:
     assert listed(tag="tu") == [checkpoint["id"]]
     assert listed(tag="t\x00u") == []  # as stored: without its NUL
     assert listed(info={"x": "ab"}) == []
+    assert listed(info={"x": "a\ufffdb"}) == []  # what Postgres compares the NUL as, in SQL
 
 
 def test_putting_a_checkpoint_again_keeps_its_pending_writes(saver: Any) -> None:

@@ -163,7 +163,8 @@ def put(space: KeySpace, step: PutStep, ttl_ms: int) -> Program[RunnableConfig]:
     for position, chain in enumerate(step.chains):
         if len(chain.nodes) - known[position] > _PROBE_AFTER:
             known[position] = stored_prefix((yield Script("probe", keys, chain.nodes)))
-    for _ in range(_PUT_TRIES):
+    tries = 0
+    while tries < _PUT_TRIES:
         reply = yield Script("put", keys, _put_args(step, ttl_ms, known))
         status = reply[0]
         if status == b"ok":
@@ -174,12 +175,16 @@ def put(space: KeySpace, step: PutStep, ttl_ms: int) -> Program[RunnableConfig]:
             raise StaleStateError(
                 target.thread_id, target.checkpoint_ns, step.parent_id, reply[1].decode() or None
             )
-        if status == b"whole" and step.whole is not None:
-            # A value the checkpoint keeps from its parent is gone (put.lua): send every value.
+        if status == b"whole":
+            # A value the checkpoint keeps from its parent is gone (put.lua): send every value
+            # (not a try; a step that sends every value is never answered so).
+            if step.whole is None:
+                raise StorageError(f"thread {target.thread_id!r} lost a value a put sent whole; try again")
             step = step.whole()
             known = [chain.reused for chain in step.chains]
             continue
         # "resend": a list's prefix is not stored (deleted, or never committed): ask which is.
+        tries += 1
         for position, chain in enumerate(step.chains):
             known[position] = stored_prefix((yield Script("probe", keys, chain.nodes)))
     raise StorageError(f"thread {target.thread_id!r} kept changing under a put; try again")
@@ -483,6 +488,7 @@ def copy_thread(
     groups = yield Script("read_all", space.thread(source), [actor.owner_filter or ""])
     if not groups:
         return False
+    _refuse_lost(source, groups)
     args: list[object] = [target, actor.user_id, _required_owner(actor), now, ttl_ms]
     for group in groups:
         args += [len(group) // 2, *group]

@@ -34,8 +34,19 @@ local function head_of(ns)
     return string.sub(top[1], #ns + 2)
 end
 
+-- Sets every key's deadline `ttl_ms` from now, one deadline for all nine (PEXPIRE reads the
+-- clock at each call): keys expiring a moment apart would leave a moment where the thread
+-- looks part lost (lost_part).
+local function expire_all(ttl_ms)
+    local now = redis.call("TIME")
+    local deadline = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000) + ttl_ms
+    for i = 1, 9 do
+        redis.call("PEXPIREAT", KEYS[i], deadline)
+    end
+end
+
 -- Every key a write stores carries the thread's waiting retention (SPEC R2); a read never
--- calls this. Keys not created yet are skipped by PEXPIRE itself.
+-- calls this. Keys not created yet are skipped by PEXPIREAT itself.
 local function touch(ttl_ms)
     -- A thread's declared waiting retention (retain.lua), if shorter, is its keys' TTL.
     local declared = tonumber(redis.call("HGET", KEYS[1], "waiting_ms"))
@@ -43,9 +54,7 @@ local function touch(ttl_ms)
     if declared and declared < ttl_ms then
         ttl_ms = declared
     end
-    for i = 1, 9 do
-        redis.call("PEXPIRE", KEYS[i], ttl_ms)
-    end
+    expire_all(ttl_ms)
 end
 
 -- What Redis evicted of this thread, or nil. Every key has a TTL (SPEC R2), so a Redis at its

@@ -19,10 +19,6 @@ local field = "version" .. NUL .. ns
 if redis.call("HEXISTS", KEYS[1], "gone") == 1 then
     return {"skipped", "gone"}
 end
--- An entry Redis evicted part of (lost_part) is dropped; the state then fills it again.
-if lost_part() then
-    redis.call("DEL", unpack(KEYS))
-end
 local cached = redis.call("HGET", KEYS[1], field)
 
 -- A state that continues the cached one always applies; otherwise an older one is refused.
@@ -30,6 +26,14 @@ local cached = redis.call("HGET", KEYS[1], field)
 local continues = (cached == parent) or (not cached and parent == "")
 if cached and cached ~= "-1" and not continues and (version == "-1" or version < cached) then
     return {"skipped", cached}
+end
+-- An entry Redis evicted part of (lost_part) loses what it holds; KEYS[1] keeps its versions,
+-- so an older state is still refused, and only a whole state fills the entry again.
+if lost_part() then
+    redis.call("DEL", unpack(KEYS, 2))
+    if not whole then
+        return {"full"}
+    end
 end
 if not whole and not continues and cached ~= version then
     return {"full"}

@@ -8,7 +8,15 @@
 --   {checkpoint id, record, {blob field, blob value, ...}, {write field, write value, ...},
 --    {tail, message, message, ...}, ...}: one list per message list not held by the caller,
 --   messages oldest first, each "<type>\0<value>"; or, every entry, {"\0lost", what}: Redis
---   evicted part of the thread (lost_part, _prelude.lua).
+--   evicted part of the thread (lost_part, _prelude.lua). The owner is checked first: a
+--   thread that lost its owner is no user's to read (an operator's read says it is lost).
+if ARGV[1] ~= "" and redis.call("HGET", KEYS[1], "owner") ~= ARGV[1] then
+    local empty = {}
+    for i = 1, tonumber(ARGV[3]) do
+        empty[i] = {}
+    end
+    return empty
+end
 local lost = lost_part()
 if lost then
     local entries = {}
@@ -16,13 +24,6 @@ if lost then
         entries[i] = {NUL .. "lost", "the thread lost " .. lost}
     end
     return entries
-end
-if ARGV[1] ~= "" and redis.call("HGET", KEYS[1], "owner") ~= ARGV[1] then
-    local empty = {}
-    for i = 1, tonumber(ARGV[3]) do
-        empty[i] = {}
-    end
-    return empty
 end
 local held = {}
 for i = 1, #ARGV[2], 16 do

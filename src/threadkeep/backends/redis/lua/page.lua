@@ -6,13 +6,14 @@
 -- ARGV[5] cursor: continue below this "order" member ("" = from the newest)
 -- ARGV[6] page size                   ARGV[7] checkpoint id to keep only ("" = any)
 -- Returns {next cursor ("" when done), checkpoint id, namespace, metadata JSON, ...}, or
--- {"\0lost", what}: Redis evicted part of the thread (lost_part, _prelude.lua).
+-- {"\0lost", what}: Redis evicted part of the thread (lost_part, _prelude.lua; the owner is
+-- checked first, as in load.lua).
+if ARGV[1] ~= "" and redis.call("HGET", KEYS[1], "owner") ~= ARGV[1] then
+    return {""}
+end
 local lost = lost_part()
 if lost then
     return {NUL .. "lost", "the thread lost " .. lost}
-end
-if ARGV[1] ~= "" and redis.call("HGET", KEYS[1], "owner") ~= ARGV[1] then
-    return {""}
 end
 local high = "+"
 if ARGV[5] ~= "" then

@@ -13,9 +13,11 @@
 -- ARGV[10] n, then n triples: "<task id>\0<idx>", "<task path>\0<channel>\0<type>\0<value>",
 --                             "1" if special (overwrites) else "0"
 -- Returns {"ok"}, {"dropped"} or {"forbidden", owner}; errors (storing nothing) if the
--- thread lost its record to an eviction (_prelude.lua; not checked for the cache).
+-- thread lost part of it to an eviction (_prelude.lua); for the cache, such an entry drops them.
 if ARGV[9] ~= "1" then
     refuse_lost_thread(ARGV[1])
+elseif lost_part() then
+    return {"dropped"} -- a cache entry Redis evicted part of: it is a miss until filled whole
 end
 local ns, checkpoint_id = ARGV[6], ARGV[7]
 local owner = redis.call("HGET", KEYS[1], "owner")

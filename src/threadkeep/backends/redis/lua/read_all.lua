@@ -2,9 +2,14 @@
 -- KEYS: the nine keys of the thread (see _prelude.lua).
 -- ARGV[1] owner filter ("" = any)
 -- Returns {} when there is no thread to see, else {HGETALL cps, HGETALL blobs,
--- HGETALL writes, HGETALL msgs, HGETALL links} (the sorted sets follow from these).
+-- HGETALL writes, HGETALL msgs, HGETALL links} (the sorted sets follow from these), or
+-- {"\0lost", what}: Redis evicted part of the thread (lost_part, _prelude.lua).
 if ARGV[1] ~= "" and redis.call("HGET", KEYS[1], "owner") ~= ARGV[1] then
     return {}
+end
+local lost = lost_part()
+if lost then
+    return {NUL .. "lost", "the thread lost " .. lost}
 end
 if redis.call("EXISTS", KEYS[1]) == 0 then
     return {}

@@ -29,7 +29,5 @@ local declared = tonumber(ARGV[5])
 if declared then
     ttl = declared -- may be longer than what the keys had: the thread's new declaration
 end
-for i = 1, 9 do
-    redis.call("PEXPIRE", KEYS[i], ttl)
-end
+expire_all(ttl)
 return {"ok"}
