@@ -72,8 +72,8 @@ __all__ = [
 ]
 
 NUL = b"\0"
-# load.lua's and page.lua's answer where Redis evicted part of a thread, and what the error
-# says of it.
+# load.lua's, page.lua's and read_all.lua's answer where Redis evicted part of a thread, and
+# what the error says of it.
 _LOST = NUL + b"lost"
 _EVICTED = (
     "an eviction by Redis (run Redis with maxmemory-policy noeviction); an operator can delete what is left"
@@ -81,7 +81,7 @@ _EVICTED = (
 
 
 def _refuse_lost(thread_id: str, reply: Sequence[Any]) -> None:
-    """Raise if ``reply`` is load.lua's or page.lua's answer for a thread Redis evicted part of."""
+    """Raise if ``reply`` is a script's answer for a thread Redis evicted part of (_LOST)."""
     if reply and reply[0] == _LOST:
         raise CheckpointSerializationError(f"{reply[1].decode()}: {_EVICTED}", path=f"thread {thread_id!r}")
 
@@ -125,7 +125,9 @@ def _put_args(step: PutStep, ttl_ms: int, known: list[int]) -> list[object]:
         record_of(step),
         step.history_limit or 0,
     ]
-    return args + step_rows(step, known)
+    sent = {blob.channel for blob in step.blobs}
+    kept = [f"{channel}\0{version}" for channel, version in step.versions if channel not in sent]
+    return [*args, *step_rows(step, known), *kept, len(kept)]
 
 
 def step_rows(step: PutStep, known: Sequence[int]) -> list[object]:

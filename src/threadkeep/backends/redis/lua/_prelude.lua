@@ -182,24 +182,6 @@ local function missing_prefix(at)
     return nil
 end
 
--- Whether a value the checkpoint `record` versions is neither among the step's rows (laid
--- out from ARGV[at] as store_step reads them) nor stored: the history limit collected it
--- after this put's parent was read (an update of an older checkpoint while the run went
--- on), or Redis evicted it.
-local function lacks_values(at, ns, record)
-    at = at + tonumber(ARGV[at]) + 1
-    local sent = {}
-    for i = 1, tonumber(ARGV[at]) do
-        sent[ARGV[at + 2 * i - 1]] = true
-    end
-    for _, value in ipairs(cjson.decode(record).v) do
-        if not sent[value] and redis.call("HEXISTS", KEYS[5], ns .. NUL .. value) == 0 then
-            return true
-        end
-    end
-    return false
-end
-
 -- Stores the rows of a step (laid out from ARGV[at] as missing_prefix says) and its
 -- checkpoint record.
 local function store_step(at, ns, checkpoint_id, record)

@@ -32,16 +32,12 @@ end
 local out = {}
 for i = 1, tonumber(ARGV[3]) do
     local ns, checkpoint_id = ARGV[2 + 2 * i], ARGV[3 + 2 * i]
-    local newest = checkpoint_id == ""
-    if newest then
+    if checkpoint_id == "" then
         checkpoint_id = head_of(ns)
     end
     local record = checkpoint_id and redis.call("HGET", KEYS[2], ns .. NUL .. checkpoint_id)
     if not record then
         out[i] = {}
-        if newest and checkpoint_id then
-            out[i] = {NUL .. "lost", "the newest checkpoint " .. checkpoint_id .. " lost its record"}
-        end
     else
         local entry = {checkpoint_id, record}
         local blobs = {}

@@ -6,8 +6,8 @@
 -- ARGV[4] now (s)     ARGV[5] ttl (ms)
 -- ARGV[6] nc, then nc pairs (cps); then nb pairs (blobs); then nw pairs (writes);
 -- then nm pairs (msgs); then nl pairs (links) - each group preceded by its count.
--- Returns {"ok"} or {"forbidden", owner}; errors (storing nothing) if the thread lost its
--- record to an eviction (_prelude.lua).
+-- Returns {"ok"} or {"forbidden", owner}; errors (storing nothing) if Redis evicted part
+-- of the thread (refuse_lost_thread, _prelude.lua).
 refuse_lost_thread(ARGV[1])
 local owner = redis.call("HGET", KEYS[1], "owner")
 if owner and ARGV[3] ~= "" and owner ~= ARGV[3] then

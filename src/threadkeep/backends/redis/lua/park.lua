@@ -5,8 +5,8 @@
 -- for "set": ARGV[3] deadline (s)   ARGV[4] thread id   ARGV[5] user   ARGV[6] now (s)
 --            ARGV[7] required owner ("" any)   ARGV[8] the waiting retention (ms)
 -- Returns {"ok"} or {"forbidden", owner}. "set" creates the thread for its user when its
--- first checkpoint is still on its way, as put.lua would; errors (storing nothing) if the
--- thread lost its record to an eviction (_prelude.lua).
+-- first checkpoint is still on its way, as put.lua would; errors (storing nothing) if Redis
+-- evicted part of the thread (refuse_lost_thread, _prelude.lua).
 local field = "park" .. NUL .. ARGV[2]
 if ARGV[1] == "clear" then
     redis.call("HDEL", KEYS[1], field)

@@ -10,11 +10,14 @@
 -- then n, then n pairs: blob field "<channel>\0<version>", "<type>\0<value>"
 -- then m, then m pairs: message digest, "<type>\0<value>"   (stored if absent)
 -- then l, then l pairs: link node, "<digest><prev>"          (stored if absent)
+-- then k "<channel>\0<version>" of the values the checkpoint keeps from its parent (not
+-- sent), and k itself, the last argument
 -- Returns {"ok"}, {"forbidden", owner}, {"stale", head or ""}, {"resend", index of the
 -- list whose prefix is missing: the caller probes the links and sends the whole rest}, or
--- {"whole"}: a value the checkpoint keeps from its parent is not stored (lacks_values): the
--- caller sends every value.
--- Errors (storing nothing) if the thread lost its record to an eviction (_prelude.lua).
+-- {"whole"}: a value the checkpoint keeps from its parent is not stored: the caller sends
+-- every value.
+-- Errors (storing nothing) if Redis evicted part of the thread (refuse_lost_thread,
+-- _prelude.lua).
 refuse_lost_thread(ARGV[1])
 local ns, checkpoint_id, parent = ARGV[6], ARGV[7], ARGV[8]
 
@@ -34,8 +37,13 @@ local missing = missing_prefix(11)
 if missing then
     return {"resend", missing}
 end
-if lacks_values(11, ns, ARGV[9]) then
-    return {"whole"}
+-- A value kept from the parent is gone if the history limit collected it after the parent
+-- was read (an update of an older checkpoint while the run went on), or Redis evicted it.
+local kept = tonumber(ARGV[#ARGV])
+for i = #ARGV - kept, #ARGV - 1 do
+    if redis.call("HEXISTS", KEYS[5], ns .. NUL .. ARGV[i]) == 0 then
+        return {"whole"}
+    end
 end
 own(ARGV[1], ARGV[2], ARGV[4])
 store_step(11, ns, checkpoint_id, ARGV[9])

@@ -12,8 +12,8 @@
 --         "0" otherwise
 -- ARGV[10] n, then n triples: "<task id>\0<idx>", "<task path>\0<channel>\0<type>\0<value>",
 --                             "1" if special (overwrites) else "0"
--- Returns {"ok"}, {"dropped"} or {"forbidden", owner}; errors (storing nothing) if the
--- thread lost part of it to an eviction (_prelude.lua); for the cache, such an entry drops them.
+-- Returns {"ok"}, {"dropped"} or {"forbidden", owner}; errors (storing nothing) if Redis
+-- evicted part of the thread (refuse_lost_thread, _prelude.lua); a cache entry drops them.
 if ARGV[9] ~= "1" then
     refuse_lost_thread(ARGV[1])
 elseif lost_part() then

@@ -5,8 +5,8 @@
 -- ARGV[1] thread id   ARGV[2] writer   ARGV[3] now (s)   ARGV[4] required owner ("" any)
 -- ARGV[5] declared waiting (ms, "" none)   ARGV[6] declared finished (minutes, "" none)
 -- ARGV[7] the platform's waiting retention (ms)
--- Returns {"ok"} or {"forbidden", owner}; errors (storing nothing) if the thread lost its
--- record to an eviction (_prelude.lua).
+-- Returns {"ok"} or {"forbidden", owner}; errors (storing nothing) if Redis evicted part
+-- of the thread (refuse_lost_thread, _prelude.lua).
 refuse_lost_thread(ARGV[1])
 local owner = own(ARGV[1], ARGV[2], ARGV[3])
 if ARGV[4] ~= "" and owner ~= ARGV[4] then
