@@ -251,3 +251,89 @@ def test_a_walked_list_from_buffers_is_kept_as_bytes_in_list_order() -> None:
     assert content.messages(tail) == stored
     assert all(type(payload) is bytes for _, payload in content.messages(tail) or [])
     assert content.payload(digests[1]) == stored[1]
+
+
+# A run loads its thread, then puts the messages it read back (new objects) with its new
+# ones: the memo remembers a list a read decoded (EncodingMemo.seed), so that put encodes
+# only what is new, and finds any edit made to the decoded messages meanwhile.
+
+
+def _put_and_read_back(memo: EncodingMemo, key: tuple[str, ...], messages: list[Any]) -> list[Any]:
+    """Put ``messages``, then read them back as a store's read gives them to the memo."""
+    put = MessageChain("messages", "1", messages, SERDE, memo=memo, memo_key=key)
+    decoded = [SERDE.loads_typed(put.payload(position)) for position in range(len(messages))]
+    memo.seed(key, decoded, put.digests)
+    return decoded
+
+
+def _conversation(count: int) -> list[Any]:
+    call = {"name": "lookup", "args": {"query": "q"}, "id": "c", "type": "tool_call"}
+    return [
+        AIMessage(f"a{i}", id=str(i), tool_calls=[dict(call, id=f"c{i}")], additional_kwargs={"k": [i]})
+        if i % 2
+        else HumanMessage(f"h{i}", id=str(i))
+        for i in range(count)
+    ]
+
+
+@BLOCKS
+def test_s1_memo_encodes_only_new_messages_after_a_read_of_the_list_it_put(block: int) -> None:
+    memo = EncodingMemo(block=block)
+    key = ("t", "", "messages")
+    decoded = _put_and_read_back(memo, key, _conversation(2 * block + 3))
+    resumed = [*decoded, HumanMessage("new", id="new")]
+    chain = MessageChain("messages", "2", resumed, SERDE, memo=memo, memo_key=key)
+    assert [position for position, _ in chain.encoded()] == [len(decoded)]
+    fresh = MessageChain("messages", "2", resumed, SERDE)
+    assert (chain.nodes, chain.digests) == (fresh.nodes, fresh.digests)
+
+
+@BLOCKS
+def test_s1_memo_finds_edits_made_to_messages_a_read_decoded(block: int) -> None:
+    """Edits a node makes in place to the state it loaded, in a whole block or in the last,
+    partial one: each edited message is encoded again and stored as edited."""
+    memo = EncodingMemo(block=block)
+    key = ("t", "", "messages")
+    decoded = _put_and_read_back(memo, key, _conversation(2 * block + 3))
+    decoded[1].additional_kwargs["k"].append("seen")  # deep in place, in the first block
+    decoded[2].content = "edited"  # a field given a new value
+    decoded[-2].tool_calls[0]["args"]["query"] = "changed"  # in place, in the last block
+    chain = MessageChain("messages", "2", decoded, SERDE, memo=memo, memo_key=key)
+    fresh = MessageChain("messages", "2", decoded, SERDE)
+    assert (chain.nodes, chain.digests) == (fresh.nodes, fresh.digests)
+    assert {1, 2, len(decoded) - 2} <= {position for position, _ in chain.encoded()}
+
+
+def test_s1_memo_remembers_a_read_only_of_a_list_it_put() -> None:
+    """A process that only reads a thread (nothing put of the list, or another list) keeps
+    nothing of what it decoded."""
+    key = ("t", "", "messages")
+    messages = _conversation(5)
+    digests = MessageChain("messages", "1", messages, SERDE).digests
+    never_put = EncodingMemo()
+    never_put.seed(key, messages, digests)
+    assert never_put.previous(key).digests == {}
+    other = EncodingMemo()
+    MessageChain("messages", "1", [HumanMessage("other", id="o")], SERDE, memo=other, memo_key=key)
+    other.seed(key, messages, digests)
+    assert not any(id(message) in other.previous(key).digests for message in messages)
+
+
+@BLOCKS
+@pytest.mark.parametrize("read", [3, 9], ids=["older-state", "longer-list"])
+def test_s1_memo_remembers_a_read_of_an_older_or_a_longer_list(block: int, read: int) -> None:
+    """A read of an older state (time travel: a prefix of the list put) or of a longer one
+    (another process added to it): the next put encodes only its new message, with the
+    links a fresh encoding gives."""
+    memo = EncodingMemo(block=block)
+    key = ("t", "", "messages")
+    everything = _conversation(9)
+    MessageChain("messages", "1", everything[:6], SERDE, memo=memo, memo_key=key)
+    stored = MessageChain("messages", "2", everything[:read], SERDE)
+    decoded = [SERDE.loads_typed(stored.payload(position)) for position in range(read)]
+    memo.seed(key, decoded, stored.digests)
+    resumed = [*decoded, HumanMessage("new", id="new")]
+    chain = MessageChain("messages", "3", resumed, SERDE, memo=memo, memo_key=key)
+    assert [position for position, _ in chain.encoded()] == [read]
+    fresh = MessageChain("messages", "3", resumed, SERDE)
+    assert (chain.nodes, chain.digests) == (fresh.nodes, fresh.digests)

@@ -179,7 +179,7 @@ class ThreadkeepSaver(BaseCheckpointSaver[str]):
         self.clock = clock
         self._owns_engine = True
         self._memo = EncodingMemo()
-        self._content = ContentCache()
+        self._content = ContentCache(memo=self._memo)
 
     # running programs ---------------------------------------------------------------------
 
@@ -508,6 +508,7 @@ class ThreadkeepSaver(BaseCheckpointSaver[str]):
         clone = copy.copy(self)
         clone._owns_engine = False  # the original closes what it opened
         clone._memo = EncodingMemo()  # digests belong to one serializer
+        clone._content = ContentCache(memo=clone._memo)  # which it seeds (see to_tuple)
         clone.serde = with_allowlist(self.serde, extra_allowlist)
         return clone
 

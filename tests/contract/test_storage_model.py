@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
-from langchain_core.messages import AIMessage, HumanMessage, RemoveMessage, ToolMessage
+from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, RemoveMessage, ToolMessage
 from langgraph.graph import END, START, MessagesState, StateGraph
 
 from tests.providers import SHARED_STORE, Opener, ProviderCase
@@ -190,6 +191,68 @@ def test_s1_a_node_editing_a_loaded_message_in_place_has_the_edit_stored(
     if provider.name in SHARED_STORE:
         fresh = open_saver().get_tuple(cfg("edit-loaded"))  # a reader with nothing in memory
         assert fresh.checkpoint["channel_values"]["messages"][0].content == expected
+
+
+class PutEncodings:
+    """Counts the messages a saver's ``put`` encodes (a task's writes encode theirs too)."""
+
+    def __init__(self, saver: Any) -> None:
+        self.messages = 0
+        putting = threading.local()  # puts run on LangGraph's background threads
+        inner, put = saver.serde, saver.put
+        counter = self
+
+        class Counting:
+            def dumps_typed(self, obj: Any) -> tuple[str, bytes]:
+                counter.messages += getattr(putting, "on", False) and isinstance(obj, BaseMessage)
+                return inner.dumps_typed(obj)  # type: ignore[no-any-return]
+
+            def loads_typed(self, data: tuple[str, bytes]) -> Any:
+                return inner.loads_typed(data)
+
+        def counted_put(*args: Any, **kwargs: Any) -> Any:
+            putting.on = True
+            try:
+                return put(*args, **kwargs)
+            finally:
+                putting.on = False
+
+        saver.serde, saver.put = Counting(), counted_put
+
+
+def test_s1_a_run_resuming_its_thread_encodes_only_its_new_messages(saver: Any) -> None:
+    """Each turn reads the thread back (new objects) and puts those messages again with its
+    own: the puts encode only the turn's own messages, however long the thread."""
+    graph = build_agent(saver)
+    run_turns(graph, "resume", 5)  # 40 messages: whole blocks of the memo and a partial one
+    encodings = PutEncodings(saver)
+    run_turns(graph, "resume", 1, first=5)
+    assert encodings.messages == MESSAGES_PER_TURN
+    assert saver.stats()["messages"] == 6 * MESSAGES_PER_TURN
+
+
+def test_s1_a_run_editing_a_long_loaded_history_in_place_has_the_edits_stored(
+    open_saver: Opener, provider: ProviderCase
+) -> None:
+    """A node edits messages of the history its run loaded, in place: one early in a long
+    list (in a whole block of what the saver remembers of the read), one near its end."""
+
+    def reply(state: MessagesState) -> dict[str, Any]:
+        history = state["messages"]
+        if len(history) > 40:
+            history[1].additional_kwargs.setdefault("seen", []).append(len(history))
+            history[-3].content += " (seen)"
+        return {"messages": [AIMessage(f"echo {len(history)}.{i}") for i in range(20)]}
+
+    saver = open_saver()
+    graph = reply_graph(saver, reply)
+    for turn in range(4):
+        graph.invoke({"messages": [HumanMessage(f"turn {turn}")]}, cfg("edit-long"))
+    for reader in [saver, open_saver()] if provider.name in SHARED_STORE else [saver]:
+        messages = reader.get_tuple(cfg("edit-long")).checkpoint["channel_values"]["messages"]
+        assert messages[1].additional_kwargs == {"seen": [43, 64]}
+        assert messages[40].content == "echo 22.18 (seen)"
+        assert messages[61].content == "echo 43.18 (seen)"
 
 
 def test_s2_unchanged_channels_are_not_stored_again(saver: Any) -> None:

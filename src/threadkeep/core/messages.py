@@ -251,7 +251,8 @@ class _Remembered:
     """What one put of a list saw: ``id -> (what it saw of the object, digest)``, the
     objects, the list's digests and link nodes by position, and what it saw of each whole
     block of the list (``blocks[i]``: positions ``i * size`` to ``(i + 1) * size``, ``None``
-    where it could not be taken).
+    where it could not be taken). What a read remembered (:meth:`EncodingMemo.seed`) has
+    ``None`` for what it saw of a message it saw only as part of its block.
 
     ``objects`` keeps every remembered object alive, so an id in ``digests`` can only be
     that object's.
@@ -260,7 +261,7 @@ class _Remembered:
     __slots__ = ("blocks", "digests", "list_digests", "nodes", "objects")
 
     def __init__(self) -> None:
-        self.digests: dict[int, tuple[_Seen, bytes]] = {}
+        self.digests: dict[int, tuple[_Seen | None, bytes]] = {}
         self.objects: list[object] = []
         self.list_digests: tuple[bytes, ...] = ()
         self.nodes: tuple[bytes, ...] = ()
@@ -305,6 +306,50 @@ class EncodingMemo:
             while len(self._lists) > self.lists:
                 self._lists.popitem(last=False)
 
+    def seed(self, key: tuple[str, ...], messages: Sequence[Any], digests: Sequence[bytes]) -> None:
+        """Remember ``messages``, just decoded from what a store holds under ``digests``, as
+        a put of list ``key`` that encoded them would have: a run loads its thread, then puts
+        the same messages back (new objects, which the memo would otherwise encode again).
+
+        Only for a list whose last put this memo remembers, starting as this one does: this
+        process is running the thread, so a put is likely to follow, and that put's link
+        nodes serve for the shared part. A process that only reads pays nothing. What a
+        message is seen as is taken here, before anyone can edit it, as a put takes it
+        before encoding: an edit made later is found by the put's check.
+        """
+        previous = self.previous(key)
+        shared = 0
+        for before, digest in zip(previous.list_digests, digests, strict=False):
+            if before != digest:
+                break
+            shared += 1
+        if not shared or len(messages) != len(digests):
+            return
+        current = _Remembered()
+        nodes = list(previous.nodes[:shared])
+        for digest in digests[shared:]:
+            nodes.append(_link(nodes[-1], digest))
+        current.list_digests, current.nodes = tuple(digests), tuple(nodes)
+        for start in range(0, len(messages), self.block):
+            block = messages[start : start + self.block]
+            at = digests[start : start + self.block]
+            seen_block = _see_block(block) if len(block) == self.block else None
+            if seen_block is not None:
+                # Checked as a block: its messages are remembered without what each was
+                # seen as, so a put that finds them elsewhere encodes them again.
+                current.blocks.append(seen_block)
+                current.objects.extend(block)
+                current.digests.update(zip(map(id, block), zip(repeat(None), at), strict=True))
+                continue
+            if len(block) == self.block:
+                current.blocks.append(None)
+            for message, digest in zip(block, at, strict=True):
+                seen = _see(message)
+                if seen is not None:
+                    current.digests[id(message)] = (seen, digest)
+                    current.objects.append(message)
+        self.keep(key, current)
+
 
 class ContentCache:
     """Message lists and messages by their hashes, kept in process memory.
@@ -316,8 +361,11 @@ class ContentCache:
     payloads, least recently used first out.
     """
 
-    def __init__(self, max_lists: int = 1024, max_bytes: int = 32 * 1024 * 1024) -> None:
+    def __init__(
+        self, max_lists: int = 1024, max_bytes: int = 32 * 1024 * 1024, memo: EncodingMemo | None = None
+    ) -> None:
         self.max_lists = max_lists
+        self.memo = memo
         self.max_bytes = max_bytes
         self._lists: OrderedDict[bytes, tuple[bytes, ...]] = OrderedDict()
         self._payloads: OrderedDict[bytes, tuple[str, bytes]] = OrderedDict()
@@ -339,6 +387,16 @@ class ContentCache:
                 return None
             self._lists.move_to_end(tail)
             return out  # type: ignore[return-value]
+
+    def decoded(self, key: tuple[str, ...], tail: bytes, messages: Sequence[Any]) -> None:
+        """Tell the memo of the saver this cache serves (if any) that list ``key`` was just
+        read back as ``messages``, the list ending at ``tail`` (see :meth:`EncodingMemo.seed`)."""
+        if self.memo is None:
+            return
+        with self._guard:
+            digests = self._lists.get(tail)
+        if digests is not None:
+            self.memo.seed(key, messages, digests)
 
     def payload(self, digest: bytes) -> tuple[str, bytes] | None:
         """The (type, payload) of the message stored under ``digest``, if this cache holds it."""
@@ -528,7 +586,7 @@ class MessageChain:
         lookup, remembered, objects = previous.digests.get, current.digests, current.objects
         for position, message in enumerate(messages, start):
             entry = lookup(id(message))
-            if entry is not None and _unchanged(entry[0], message):
+            if entry is not None and entry[0] is not None and _unchanged(entry[0], message):
                 digest = entry[1]
                 remembered[id(message)] = entry
                 objects.append(message)

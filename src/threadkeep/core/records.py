@@ -579,9 +579,14 @@ class StoredCheckpoint:
         return decode_value(serde, vtype, value, f"pending_writes.{channel}")
 
     def to_tuple(
-        self, serde: SerializerProtocol, lists: Mapping[bytes, Sequence[tuple[str, bytes]]]
+        self,
+        serde: SerializerProtocol,
+        lists: Mapping[bytes, Sequence[tuple[str, bytes]]],
+        content: ContentCache | None = None,
     ) -> CheckpointTuple:
-        """Decode every value (message lists from ``lists``, by tail) into a CheckpointTuple."""
+        """Decode every value (message lists from ``lists``, by tail) into a CheckpointTuple.
+        A read that hands the state to a run gives the ``content`` cache it read through, so
+        the run's next put knows the messages decoded here (:meth:`ContentCache.decoded`)."""
         values: dict[str, Any] = {}
         for channel, vtype, value in self.values:
             path = f"channel_values.{channel}"
@@ -590,6 +595,8 @@ class StoredCheckpoint:
             if vtype == CHAIN_TYPE:
                 tail, _ = parse_chain_ref(value)
                 values[channel] = decode_values(serde, lists[tail], path)
+                if content is not None:
+                    content.decoded((self.thread_id, self.checkpoint_ns, channel), tail, values[channel])
             else:
                 values[channel] = decode_value(serde, vtype, value, path)
         return assemble(

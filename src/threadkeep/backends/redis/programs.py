@@ -357,7 +357,7 @@ def get_tuple(
     if found is None:
         return None
     stored, lists = found
-    return stored.to_tuple(serde, lists)
+    return stored.to_tuple(serde, lists, content)
 
 
 def list_page(

@@ -733,7 +733,7 @@ def get_tuple(
     if found is None:
         return None
     state, lists = found
-    return state.to_tuple(serde, lists)
+    return state.to_tuple(serde, lists, content)
 
 
 def owner_of(q: SqlDialect, thread_id: str) -> Program[str | None]:

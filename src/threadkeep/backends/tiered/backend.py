@@ -152,7 +152,7 @@ class TieredBackend:
             now = self.clock()
             seed = partial(self.cache.seed, stored, lists, target.actor, user, now=now, serde=serde)
             yield Cached(seed, "seed a state")
-        return stored.to_tuple(serde, lists)  # type: ignore[no-any-return]
+        return stored.to_tuple(serde, lists, content)  # type: ignore[no-any-return]
 
     def list_page(
         self, query: ListQuery, serde: SerializerProtocol, content: ContentCache

@@ -138,7 +138,7 @@ class StateCache:
         stored, lists = found
         if stored.missing_channels():
             return None
-        return stored.to_tuple(serde, lists)
+        return stored.to_tuple(serde, lists, content)
 
     def forget(self, thread_id: str, user: str, *, removed: bool) -> Program[int]:
         """Remove the entry's state (SPEC T5); returns how many of its keys held some.
