@@ -8,7 +8,14 @@ import pytest
 from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 
 from threadkeep.codec.serde import build_serde
-from threadkeep.core.messages import ContentCache, EncodingMemo, MessageChain, chain_ref, parse_chain_ref
+from threadkeep.core.messages import (
+    ContentCache,
+    EncodingMemo,
+    MessageChain,
+    chain_ref,
+    digest_of,
+    parse_chain_ref,
+)
 
 SERDE = build_serde()
 
@@ -258,12 +265,17 @@ def test_a_walked_list_from_buffers_is_kept_as_bytes_in_list_order() -> None:
 # only what is new, and finds any edit made to the decoded messages meanwhile.
 
 
-def _put_and_read_back(memo: EncodingMemo, key: tuple[str, ...], messages: list[Any]) -> list[Any]:
-    """Put ``messages``, then read them back as a store's read gives them to the memo."""
-    put = MessageChain("messages", "1", messages, SERDE, memo=memo, memo_key=key)
-    decoded = [SERDE.loads_typed(put.payload(position)) for position in range(len(messages))]
-    memo.seed(key, decoded, put.digests)
+def _read_back(memo: EncodingMemo, key: tuple[str, ...], stored: MessageChain) -> list[Any]:
+    """The messages of ``stored``, decoded, as a store's read gives them to the memo."""
+    forms = [stored.payload(position) for position in range(len(stored.digests))]
+    decoded = [SERDE.loads_typed(form) for form in forms]
+    memo.seed(key, stored.tail, decoded, list(zip(stored.digests, forms, strict=True)))
     return decoded
+
+
+def _put_and_read_back(memo: EncodingMemo, key: tuple[str, ...], messages: list[Any]) -> list[Any]:
+    """Put ``messages``, then read them back."""
+    return _read_back(memo, key, MessageChain("messages", "1", messages, SERDE, memo=memo, memo_key=key))
 
 
 def _conversation(count: int) -> list[Any]:
@@ -308,15 +320,14 @@ def test_s1_memo_remembers_a_read_only_of_a_list_it_put() -> None:
     """A process that only reads a thread (nothing put of the list, or another list) keeps
     nothing of what it decoded."""
     key = ("t", "", "messages")
-    messages = _conversation(5)
-    digests = MessageChain("messages", "1", messages, SERDE).digests
+    stored = MessageChain("messages", "1", _conversation(5), SERDE)
     never_put = EncodingMemo()
-    never_put.seed(key, messages, digests)
-    assert never_put.previous(key).digests == {}
+    decoded = _read_back(never_put, key, stored)
+    assert never_put.previous(key, decoded[0]).digests == {}
     other = EncodingMemo()
     MessageChain("messages", "1", [HumanMessage("other", id="o")], SERDE, memo=other, memo_key=key)
-    other.seed(key, messages, digests)
-    assert not any(id(message) in other.previous(key).digests for message in messages)
+    decoded = _read_back(other, key, stored)
+    assert not any(id(message) in other.previous(key, decoded[0]).digests for message in decoded)
 
 
 @BLOCKS
@@ -329,11 +340,56 @@ def test_s1_memo_remembers_a_read_of_an_older_or_a_longer_list(block: int, read:
     key = ("t", "", "messages")
     everything = _conversation(9)
     MessageChain("messages", "1", everything[:6], SERDE, memo=memo, memo_key=key)
-    stored = MessageChain("messages", "2", everything[:read], SERDE)
-    decoded = [SERDE.loads_typed(stored.payload(position)) for position in range(read)]
-    memo.seed(key, decoded, stored.digests)
+    decoded = _read_back(memo, key, MessageChain("messages", "2", everything[:read], SERDE))
     resumed = [*decoded, HumanMessage("new", id="new")]
     chain = MessageChain("messages", "3", resumed, SERDE, memo=memo, memo_key=key)
     assert [position for position, _ in chain.encoded()] == [read]
     fresh = MessageChain("messages", "3", resumed, SERDE)
     assert (chain.nodes, chain.digests) == (fresh.nodes, fresh.digests)
+
+
+@BLOCKS
+def test_s1_memo_keeps_a_running_put_s_memory_through_a_read_of_its_list(block: int) -> None:
+    """A read made while a run goes on (a UI polling the state) does not cost the run's
+    next put its memo: the run puts its own objects, not the read's."""
+    memo = EncodingMemo(block=block)
+    key = ("t", "", "messages")
+    running = _conversation(2 * block + 3)
+    MessageChain("messages", "1", running, SERDE, memo=memo, memo_key=key)
+    _put_and_read_back(EncodingMemo(), key, running)  # (another memo: only the read below counts)
+    _read_back(memo, key, MessageChain("messages", "1", running, SERDE))
+    running.append(HumanMessage("new", id="new"))
+    chain = MessageChain("messages", "2", running, SERDE, memo=memo, memo_key=key)
+    assert [position for position, _ in chain.encoded()] == [len(running) - 1]
+
+
+@BLOCKS
+def test_s1_memo_sends_what_a_read_answered_in_the_form_it_is_stored_in(block: int) -> None:
+    """A message stored in another form than this codec now writes (compressed, or by an
+    older version) keeps its digest; a put that sends it again (the store lacks it) sends
+    that form, so every digest a put writes is of the bytes it writes with it."""
+    key = ("t", "", "messages")
+    messages = _conversation(2 * block + 3)
+    compressed = build_serde(compress_threshold=0)  # every value stored compressed
+    stored = MessageChain("messages", "1", messages, compressed)
+    assert stored.digests != MessageChain("messages", "1", messages, SERDE).digests
+    memo = EncodingMemo(block=block)
+    MessageChain("messages", "1", messages[:1], compressed, memo=memo, memo_key=key)  # a shorter put
+    decoded = _read_back(memo, key, stored)
+    chain = MessageChain(
+        "messages", "2", [*decoded, HumanMessage("new", id="new")], SERDE, memo=memo, memo_key=key
+    )
+    assert chain.digests[:-1] == stored.digests
+    assert all(digest_of(*chain.payload(at)) == chain.digests[at] for at in range(len(chain.digests)))
+
+
+def test_s1_memo_remembers_nothing_of_a_read_whose_digests_are_not_its_list_s() -> None:
+    memo = EncodingMemo()
+    key = ("t", "", "messages")
+    messages = _conversation(5)
+    put = MessageChain("messages", "1", messages, SERDE, memo=memo, memo_key=key)
+    other = MessageChain("messages", "1", _conversation(6), SERDE)
+    decoded = [SERDE.loads_typed(put.payload(position)) for position in range(5)]
+    memo.seed(key, other.tail, decoded, [(digest, put.payload(at)) for at, digest in enumerate(put.digests)])
+    assert memo.previous(key, decoded[0]) is memo.previous(key)  # the put's: the read was not kept
+    assert id(decoded[0]) not in memo.previous(key, decoded[0]).digests

@@ -86,7 +86,11 @@ class Backend(Protocol):
     def put_writes(self, step: WritesStep) -> Program[None]: ...
 
     def get_tuple(
-        self, target: Target, serde: SerializerProtocol, content: ContentCache
+        self,
+        target: Target,
+        serde: SerializerProtocol,
+        content: ContentCache,
+        memo: EncodingMemo | None = None,
     ) -> Program[CheckpointTuple | None]: ...
 
     def list_page(
@@ -179,7 +183,7 @@ class ThreadkeepSaver(BaseCheckpointSaver[str]):
         self.clock = clock
         self._owns_engine = True
         self._memo = EncodingMemo()
-        self._content = ContentCache(memo=self._memo)
+        self._content = ContentCache()
 
     # running programs ---------------------------------------------------------------------
 
@@ -234,7 +238,7 @@ class ThreadkeepSaver(BaseCheckpointSaver[str]):
 
     def _get_tuple(self, config: RunnableConfig) -> ProgramFactory[CheckpointTuple | None]:
         target, serde = self._target(config), self.serde
-        return lambda: self.backend.get_tuple(target, serde, self._content)
+        return lambda: self.backend.get_tuple(target, serde, self._content, self._memo)
 
     def _list_query(
         self,
@@ -508,7 +512,6 @@ class ThreadkeepSaver(BaseCheckpointSaver[str]):
         clone = copy.copy(self)
         clone._owns_engine = False  # the original closes what it opened
         clone._memo = EncodingMemo()  # digests belong to one serializer
-        clone._content = ContentCache(memo=clone._memo)  # which it seeds (see to_tuple)
         clone.serde = with_allowlist(self.serde, extra_allowlist)
         return clone
 

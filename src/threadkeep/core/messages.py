@@ -258,9 +258,11 @@ class _Remembered:
     that object's.
     """
 
-    __slots__ = ("blocks", "digests", "list_digests", "nodes", "objects")
+    __slots__ = ("blocks", "digests", "list_digests", "nodes", "objects", "stored")
 
     def __init__(self) -> None:
+        # digest -> stored form, of the messages a read decoded (see EncodingMemo.seed)
+        self.stored: dict[bytes, tuple[str, bytes]] = {}
         self.digests: dict[int, tuple[_Seen | None, bytes]] = {}
         self.objects: list[object] = []
         self.list_digests: tuple[bytes, ...] = ()
@@ -291,33 +293,56 @@ class EncodingMemo:
         self.lists = lists
         self.block = block
         self._lists: OrderedDict[tuple[str, ...], _Remembered] = OrderedDict()
+        # What the latest read of a list decoded since its last put (see seed).
+        self._reads: OrderedDict[tuple[str, ...], _Remembered] = OrderedDict()
         self._guard = threading.Lock()
 
-    def previous(self, key: tuple[str, ...]) -> _Remembered:
-        """What the last put of list ``key`` encoded."""
+    def previous(self, key: tuple[str, ...], first: object = None) -> _Remembered:
+        """What the last put of list ``key`` encoded; or what the latest read of it decoded,
+        if the list being put starts with a message of that read (``first``) and not of
+        the last put (a run resuming from that read, not one the read came in the middle
+        of)."""
         with self._guard:
-            return self._lists.get(key, _NOTHING)
+            put = self._lists.get(key, _NOTHING)
+            read = self._reads.get(key)
+        if read is not None and id(first) in read.digests and id(first) not in put.digests:
+            return read
+        return put
 
     def keep(self, key: tuple[str, ...], remembered: _Remembered) -> None:
-        """Remember what this put of list ``key`` encoded, forgetting the oldest lists."""
+        """Remember what this put of list ``key`` encoded, forgetting the oldest lists, and
+        what a read of it decoded before."""
         with self._guard:
+            self._reads.pop(key, None)
             self._lists[key] = remembered
             self._lists.move_to_end(key)
             while len(self._lists) > self.lists:
                 self._lists.popitem(last=False)
 
-    def seed(self, key: tuple[str, ...], messages: Sequence[Any], digests: Sequence[bytes]) -> None:
-        """Remember ``messages``, just decoded from what a store holds under ``digests``, as
-        a put of list ``key`` that encoded them would have: a run loads its thread, then puts
-        the same messages back (new objects, which the memo would otherwise encode again).
+    def seed(
+        self,
+        key: tuple[str, ...],
+        tail: bytes,
+        messages: Sequence[Any],
+        stored: Sequence[tuple[bytes, tuple[str, bytes]]],
+    ) -> None:
+        """Remember ``messages``, just decoded from the list ending at ``tail`` (each
+        message's digest and stored form in ``stored``), as a put of list ``key`` that
+        encoded them would have: a run loads its thread, then puts the same messages back
+        (new objects, which the memo would otherwise encode again).
 
         Only for a list whose last put this memo remembers, starting as this one does: this
         process is running the thread, so a put is likely to follow, and that put's link
         nodes serve for the shared part. A process that only reads pays nothing. What a
         message is seen as is taken here, before anyone can edit it, as a put takes it
-        before encoding: an edit made later is found by the put's check.
+        before encoding: an edit made later is found by the put's check. The read is kept
+        beside the last put, not instead of it (:meth:`previous` picks one for a put): a
+        read made while a run goes on does not cost that run's next put its memo. A put
+        that sends a message the memo answered sends its stored form, under its digest.
         """
-        previous = self.previous(key)
+        with self._guard:
+            previous = self._lists.get(key, _NOTHING)
+        digests = [digest for digest, _ in stored]
         shared = 0
         for before, digest in zip(previous.list_digests, digests, strict=False):
             if before != digest:
@@ -325,11 +350,14 @@ class EncodingMemo:
             shared += 1
         if not shared or len(messages) != len(digests):
             return
-        current = _Remembered()
         nodes = list(previous.nodes[:shared])
         for digest in digests[shared:]:
             nodes.append(_link(nodes[-1], digest))
+        if nodes[-1] != tail:  # not the list the digests say: remember nothing
+            return
+        current = _Remembered()
         current.list_digests, current.nodes = tuple(digests), tuple(nodes)
+        current.stored = dict(stored)
         for start in range(0, len(messages), self.block):
             block = messages[start : start + self.block]
             at = digests[start : start + self.block]
@@ -348,7 +376,13 @@ class EncodingMemo:
                 if seen is not None:
                     current.digests[id(message)] = (seen, digest)
                     current.objects.append(message)
-        self.keep(key, current)
+        with self._guard:
+            if self._lists.get(key) is not previous:  # a put came meanwhile: it is newer
+                return
+            self._reads[key] = current
+            self._reads.move_to_end(key)
+            while len(self._reads) > self.lists:
+                self._reads.popitem(last=False)
 
 
 class ContentCache:
@@ -361,11 +395,8 @@ class ContentCache:
     payloads, least recently used first out.
     """
 
-    def __init__(
-        self, max_lists: int = 1024, max_bytes: int = 32 * 1024 * 1024, memo: EncodingMemo | None = None
-    ) -> None:
+    def __init__(self, max_lists: int = 1024, max_bytes: int = 32 * 1024 * 1024) -> None:
         self.max_lists = max_lists
-        self.memo = memo
         self.max_bytes = max_bytes
         self._lists: OrderedDict[bytes, tuple[bytes, ...]] = OrderedDict()
         self._payloads: OrderedDict[bytes, tuple[str, bytes]] = OrderedDict()
@@ -388,15 +419,11 @@ class ContentCache:
             self._lists.move_to_end(tail)
             return out  # type: ignore[return-value]
 
-    def decoded(self, key: tuple[str, ...], tail: bytes, messages: Sequence[Any]) -> None:
-        """Tell the memo of the saver this cache serves (if any) that list ``key`` was just
-        read back as ``messages``, the list ending at ``tail`` (see :meth:`EncodingMemo.seed`)."""
-        if self.memo is None:
-            return
+    def digests(self, tail: bytes) -> tuple[bytes, ...] | None:
+        """The digests of the messages of the list ending at ``tail``, if this cache holds
+        them (maybe not every payload)."""
         with self._guard:
-            digests = self._lists.get(tail)
-        if digests is not None:
-            self.memo.seed(key, messages, digests)
+            return self._lists.get(tail)
 
     def payload(self, digest: bytes) -> tuple[str, bytes] | None:
         """The (type, payload) of the message stored under ``digest``, if this cache holds it."""
@@ -512,7 +539,17 @@ class MessageChain:
     only if the store turns out not to hold it (:meth:`payload`).
     """
 
-    __slots__ = ("_messages", "_payloads", "_serde", "channel", "digests", "nodes", "reused", "version")
+    __slots__ = (
+        "_messages",
+        "_payloads",
+        "_serde",
+        "_stored",
+        "channel",
+        "digests",
+        "nodes",
+        "reused",
+        "version",
+    )
 
     def __init__(
         self,
@@ -529,7 +566,9 @@ class MessageChain:
         self._messages = tuple(messages)
         self._serde = serde
         self._payloads: dict[int, tuple[str, bytes]] = {}
-        previous = memo.previous(memo_key) if memo is not None else _NOTHING
+        first = self._messages[0] if self._messages else None
+        previous = memo.previous(memo_key, first) if memo is not None else _NOTHING
+        self._stored = previous.stored
         current = _Remembered()
         count = len(self._messages)
         links = _Links(previous, count)
@@ -621,6 +660,7 @@ class MessageChain:
         chain.version = version
         chain._messages = ()
         chain._serde = None  # type: ignore[assignment]  # every payload is at hand
+        chain._stored = {}
         chain._payloads = dict(enumerate(payloads))
         nodes: list[bytes] = []
         digests: list[bytes] = []
@@ -656,7 +696,10 @@ class MessageChain:
     def payload(self, position: int) -> tuple[str, bytes]:
         """The stored form of the message at ``position``."""
         if position not in self._payloads:
-            self._payloads[position] = self._encode(position)
+            # A message the memo answered from a read is sent as it is stored: its form
+            # then matches its digest, even where this codec would now write it otherwise.
+            stored = self._stored.get(self.digests[position])
+            self._payloads[position] = stored if stored is not None else self._encode(position)
         return self._payloads[position]
 
 

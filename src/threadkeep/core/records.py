@@ -583,10 +583,12 @@ class StoredCheckpoint:
         serde: SerializerProtocol,
         lists: Mapping[bytes, Sequence[tuple[str, bytes]]],
         content: ContentCache | None = None,
+        memo: EncodingMemo | None = None,
     ) -> CheckpointTuple:
         """Decode every value (message lists from ``lists``, by tail) into a CheckpointTuple.
-        A read that hands the state to a run gives the ``content`` cache it read through, so
-        the run's next put knows the messages decoded here (:meth:`ContentCache.decoded`)."""
+        A read that hands the state to a run gives its saver's ``memo`` and the ``content``
+        cache it read through (which holds each list's digests), so that the run's next put
+        knows the messages decoded here (:meth:`EncodingMemo.seed`)."""
         values: dict[str, Any] = {}
         for channel, vtype, value in self.values:
             path = f"channel_values.{channel}"
@@ -595,8 +597,10 @@ class StoredCheckpoint:
             if vtype == CHAIN_TYPE:
                 tail, _ = parse_chain_ref(value)
                 values[channel] = decode_values(serde, lists[tail], path)
-                if content is not None:
-                    content.decoded((self.thread_id, self.checkpoint_ns, channel), tail, values[channel])
+                digests = None if memo is None or content is None else content.digests(tail)
+                if memo is not None and digests is not None:
+                    stored = list(zip(digests, lists[tail], strict=False))
+                    memo.seed((self.thread_id, self.checkpoint_ns, channel), tail, values[channel], stored)
             else:
                 values[channel] = decode_value(serde, vtype, value, path)
         return assemble(

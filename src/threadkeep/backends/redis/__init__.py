@@ -15,7 +15,7 @@ from langgraph.checkpoint.base import CheckpointTuple
 from langgraph.checkpoint.serde.base import SerializerProtocol
 
 from threadkeep.core.identity import Actor
-from threadkeep.core.messages import ContentCache
+from threadkeep.core.messages import ContentCache, EncodingMemo
 from threadkeep.core.program import Program
 from threadkeep.core.records import ListQuery, PutStep, Target, WritesStep
 from threadkeep.core.retention import ExpiredThread, Park, SweepPage, ThreadRetention
@@ -67,9 +67,13 @@ class RedisBackend:
         return self._programs.put_writes(self.space, step, self.ttl_ms)
 
     def get_tuple(
-        self, target: Target, serde: SerializerProtocol, content: ContentCache
+        self,
+        target: Target,
+        serde: SerializerProtocol,
+        content: ContentCache,
+        memo: EncodingMemo | None = None,
     ) -> Program[CheckpointTuple | None]:
-        return self._programs.get_tuple(self.space, target, serde, content)
+        return self._programs.get_tuple(self.space, target, serde, content, memo)
 
     def list_page(
         self, query: ListQuery, serde: SerializerProtocol, content: ContentCache

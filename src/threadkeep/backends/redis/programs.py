@@ -19,7 +19,7 @@ from threadkeep.backends.redis.engine import Command, Scan, Script
 from threadkeep.backends.redis.keys import KeySpace
 from threadkeep.backends.sql.programs import FORMAT_GENERATION, READABLE_GENERATIONS
 from threadkeep.core.identity import Actor
-from threadkeep.core.messages import ContentCache, digest_of
+from threadkeep.core.messages import ContentCache, EncodingMemo, digest_of
 from threadkeep.core.program import Program
 from threadkeep.core.records import (
     ListQuery,
@@ -350,14 +350,18 @@ def read_state(
 
 
 def get_tuple(
-    space: KeySpace, target: Target, serde: SerializerProtocol, content: ContentCache
+    space: KeySpace,
+    target: Target,
+    serde: SerializerProtocol,
+    content: ContentCache,
+    memo: EncodingMemo | None = None,
 ) -> Program[CheckpointTuple | None]:
     """The addressed checkpoint, or the newest of its namespace, in one round trip."""
     found = yield from read_state(space, target, content)
     if found is None:
         return None
     stored, lists = found
-    return stored.to_tuple(serde, lists, content)
+    return stored.to_tuple(serde, lists, content, memo)
 
 
 def list_page(

@@ -16,7 +16,7 @@ from langgraph.checkpoint.serde.base import SerializerProtocol
 from threadkeep.backends.sql import programs
 from threadkeep.backends.sql.programs import SqlDialect
 from threadkeep.core.identity import Actor
-from threadkeep.core.messages import ContentCache
+from threadkeep.core.messages import ContentCache, EncodingMemo
 from threadkeep.core.program import Engine, Program
 from threadkeep.core.records import ListQuery, PutStep, StoredCheckpoint, Target, WritesStep
 from threadkeep.core.retention import ExpiredThread, Park, SweepPage, ThreadRetention
@@ -114,9 +114,13 @@ class SqlBackend:
         return programs.put_writes(self.dialect, step)
 
     def get_tuple(
-        self, target: Target, serde: SerializerProtocol, content: ContentCache
+        self,
+        target: Target,
+        serde: SerializerProtocol,
+        content: ContentCache,
+        memo: EncodingMemo | None = None,
     ) -> Program[CheckpointTuple | None]:
-        return programs.get_tuple(self.dialect, target, serde, content)
+        return programs.get_tuple(self.dialect, target, serde, content, memo)
 
     def get_stored(
         self, target: Target, content: ContentCache

@@ -18,7 +18,7 @@ from langgraph.checkpoint.base import CheckpointTuple
 from langgraph.checkpoint.serde.base import SerializerProtocol
 
 from threadkeep.core.identity import Actor
-from threadkeep.core.messages import CHAIN_TYPE, LINK_PAGE, ContentCache, MessageChain
+from threadkeep.core.messages import CHAIN_TYPE, LINK_PAGE, ContentCache, EncodingMemo, MessageChain
 from threadkeep.core.program import Batch, Program, Sql, SqlMany
 from threadkeep.core.records import (
     EMPTY_TYPE,
@@ -726,14 +726,18 @@ def get_stored(
 
 
 def get_tuple(
-    q: SqlDialect, target: Target, serde: SerializerProtocol, content: ContentCache
+    q: SqlDialect,
+    target: Target,
+    serde: SerializerProtocol,
+    content: ContentCache,
+    memo: EncodingMemo | None = None,
 ) -> Program[CheckpointTuple | None]:
     """The addressed checkpoint, or the newest of its namespace, with its pending writes."""
     found = yield from get_stored(q, target, content)
     if found is None:
         return None
     state, lists = found
-    return state.to_tuple(serde, lists, content)
+    return state.to_tuple(serde, lists, content, memo)
 
 
 def owner_of(q: SqlDialect, thread_id: str) -> Program[str | None]:

@@ -33,7 +33,7 @@ from threadkeep.backends.sql.backend import SqlBackend
 from threadkeep.backends.tiered.cache import StateCache
 from threadkeep.backends.tiered.engine import UNAVAILABLE, Cached, Durable, TieredEngine
 from threadkeep.core.identity import Actor
-from threadkeep.core.messages import ContentCache
+from threadkeep.core.messages import ContentCache, EncodingMemo
 from threadkeep.core.program import Program
 from threadkeep.core.records import ListQuery, PutStep, Target, WritesStep
 from threadkeep.core.retention import ExpiredThread, Park, SweepPage, ThreadRetention
@@ -134,11 +134,15 @@ class TieredBackend:
     # reads -------------------------------------------------------------------------------------
 
     def get_tuple(
-        self, target: Target, serde: SerializerProtocol, content: ContentCache
+        self,
+        target: Target,
+        serde: SerializerProtocol,
+        content: ContentCache,
+        memo: EncodingMemo | None = None,
     ) -> Program[CheckpointTuple | None]:
         user = self._reader(target.actor) if target.checkpoint_id is None else None
         if user is not None:
-            hit = yield Cached(lambda: self.cache.load(target, user, serde, content), "read a state")
+            hit = yield Cached(lambda: self.cache.load(target, user, serde, content, memo), "read a state")
             if hit:
                 self.metrics.inc(CACHE_EVENTS, event="hit")
                 return hit  # type: ignore[no-any-return]
@@ -152,7 +156,7 @@ class TieredBackend:
             now = self.clock()
             seed = partial(self.cache.seed, stored, lists, target.actor, user, now=now, serde=serde)
             yield Cached(seed, "seed a state")
-        return stored.to_tuple(serde, lists, content)  # type: ignore[no-any-return]
+        return stored.to_tuple(serde, lists, content, memo)  # type: ignore[no-any-return]
 
     def list_page(
         self, query: ListQuery, serde: SerializerProtocol, content: ContentCache

@@ -26,7 +26,7 @@ from threadkeep.backends.redis import programs as redis_programs
 from threadkeep.backends.redis.engine import Script
 from threadkeep.backends.redis.keys import KeySpace
 from threadkeep.core.identity import Actor
-from threadkeep.core.messages import ContentCache
+from threadkeep.core.messages import ContentCache, EncodingMemo
 from threadkeep.core.program import Program
 from threadkeep.core.records import PutStep, StoredCheckpoint, Target, WritesStep
 from threadkeep.errors import CheckpointSerializationError, StorageError
@@ -123,7 +123,12 @@ class StateCache:
         return outcome
 
     def load(
-        self, target: Target, user: str, serde: SerializerProtocol, content: ContentCache
+        self,
+        target: Target,
+        user: str,
+        serde: SerializerProtocol,
+        content: ContentCache,
+        memo: EncodingMemo | None = None,
     ) -> Program[CheckpointTuple | None]:
         """The entry's newest state of ``target``'s namespace, in one round trip; ``None`` on
         a miss, including an entry that lost some of its keys (an eviction)."""
@@ -138,7 +143,7 @@ class StateCache:
         stored, lists = found
         if stored.missing_channels():
             return None
-        return stored.to_tuple(serde, lists, content)
+        return stored.to_tuple(serde, lists, content, memo)
 
     def forget(self, thread_id: str, user: str, *, removed: bool) -> Program[int]:
         """Remove the entry's state (SPEC T5); returns how many of its keys held some.
