@@ -428,3 +428,38 @@ def test_a_connection_dropped_without_a_word_is_given_up_and_the_call_retried(pr
         for key in cleaner.scan_iter(match=f"{prefix}:*"):
             cleaner.delete(key)
         cleaner.close()
+
+
+def _long_history(saver: Any, thread_id: str, count: int) -> list[Any]:
+    """A checkpoint whose message list holds ``count`` messages, put in one step."""
+    from langchain_core.messages import AIMessage, HumanMessage
+
+    messages: list[Any] = [
+        HumanMessage(f"q{i}", id=f"h{i}") if i % 2 else AIMessage(f"a{i}", id=f"a{i}") for i in range(count)
+    ]
+    checkpoint = _checkpoint()
+    checkpoint["channel_values"] = {"messages": messages}
+    checkpoint["channel_versions"] = {"messages": saver.get_next_version(None, None)}
+    saver.put(_config(thread_id), checkpoint, {"source": "input", "step": -1}, checkpoint["channel_versions"])
+    return messages
+
+
+def test_a_list_longer_than_one_hmget_reads_back_whole_in_order(open_saver: Opener) -> None:
+    """load.lua walks the links, then fetches the messages in HMGETs of at most 1,000."""
+    messages = _long_history(open_saver(), "long", 2_345)
+    fresh = open_saver().get_tuple(_config("long"))  # holds no list: every message is sent
+    assert fresh.checkpoint["channel_values"]["messages"] == messages
+
+
+def test_a_list_missing_a_link_is_refused_not_read_short(open_saver: Opener) -> None:
+    saver = open_saver()
+    messages = _long_history(saver, "broken", 40)
+    client, keys = raw(saver), thread_keys(saver, "broken")
+    links = client.hgetall(keys[8])  # KEYS[9]: node -> digest + previous node
+    by_prev = {link[16:]: node for node, link in links.items()}
+    middle = next(iter(links))
+    for _ in range(len(messages) // 2):  # a node about halfway along the chain
+        middle = by_prev.get(middle, middle)
+    assert client.hdel(keys[8], middle) == 1
+    with pytest.raises(CheckpointSerializationError, match="message history is incomplete"):
+        open_saver().get_tuple(_config("broken"))

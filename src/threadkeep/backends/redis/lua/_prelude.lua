@@ -18,6 +18,8 @@
 -- "m": metadata JSON, "v": ["<channel>\0<version>", ...]}.
 
 local NUL = "\0"
+-- Fields an HMGET asks for at most (Lua's unpack takes a few thousand values at a time).
+local MGET_CHUNK = 1000
 
 -- The lex range of a namespace's members in `heads` (all start with "<ns>\0").
 local function ns_bounds(ns)

@@ -53,19 +53,30 @@ for i = 1, tonumber(ARGV[3]) do
                     for b = 23, 26 do
                         count = count * 256 + string.byte(blob, b)
                     end
-                    local messages = {}
+                    -- The links first (each names the one before it), then every message
+                    -- in a few HMGETs: one call per message cost most of a long list's read.
+                    local digests = {}
+                    local first = count + 1  -- the oldest position found (a broken chain stops)
                     local node = tail
                     for position = count, 1, -1 do
                         local link = redis.call("HGET", KEYS[9], node)
                         if not link then
                             break
                         end
-                        messages[position] = redis.call("HGET", KEYS[8], string.sub(link, 1, 16)) or ""
+                        digests[position] = string.sub(link, 1, 16)
+                        first = position
                         node = string.sub(link, 17)
                     end
                     local list = {tail}
-                    for position = 1, count do
-                        list[position + 1] = messages[position] or ""
+                    for position = 1, first - 1 do
+                        list[position + 1] = ""
+                    end
+                    for from = first, count, MGET_CHUNK do
+                        local to = math.min(from + MGET_CHUNK - 1, count)
+                        local found = redis.call("HMGET", KEYS[8], unpack(digests, from, to))
+                        for position = from, to do
+                            list[position + 1] = found[position - from + 1] or ""
+                        end
                     end
                     entry[#entry + 1] = list
                     held[tail] = true
