@@ -451,15 +451,33 @@ def test_a_list_longer_than_one_hmget_reads_back_whole_in_order(open_saver: Open
     assert fresh.checkpoint["channel_values"]["messages"] == messages
 
 
+def _nodes(saver: Any, messages: list[Any]) -> tuple[bytes, ...]:
+    """The link nodes of ``messages`` as a list, by position (0 is the oldest)."""
+    from threadkeep.core.messages import MessageChain
+
+    return MessageChain("messages", "1", messages, saver.serde).nodes
+
+
 def test_a_list_missing_a_link_is_refused_not_read_short(open_saver: Opener) -> None:
     saver = open_saver()
     messages = _long_history(saver, "broken", 40)
     client, keys = raw(saver), thread_keys(saver, "broken")
-    links = client.hgetall(keys[8])  # KEYS[9]: node -> digest + previous node
-    by_prev = {link[16:]: node for node, link in links.items()}
-    middle = next(iter(links))
-    for _ in range(len(messages) // 2):  # a node about halfway along the chain
-        middle = by_prev.get(middle, middle)
-    assert client.hdel(keys[8], middle) == 1
+    assert client.hdel(keys[8], _nodes(saver, messages)[35]) == 1  # KEYS[9]: the links
     with pytest.raises(CheckpointSerializationError, match="message history is incomplete"):
         open_saver().get_tuple(_config("broken"))
+
+
+def test_a_list_is_read_a_page_at_a_time_where_its_links_have_pages(open_saver: Opener) -> None:
+    """The link closing every 32nd message carries a page of the 32 digests before it: a
+    reader steps over the page. A list stored without pages (before they were written) is
+    read a link at a time."""
+    saver = open_saver()
+    client = raw(saver)
+    paged = _long_history(saver, "paged", 70)
+    nodes, links = _nodes(saver, paged), thread_keys(saver, "paged")[8]
+    assert client.hdel(links, *nodes[:64]) == 64  # only the pages lead past them now
+    assert open_saver().get_tuple(_config("paged")).checkpoint["channel_values"]["messages"] == paged
+    unpaged = _long_history(saver, "unpaged", 70)
+    links = thread_keys(saver, "unpaged")[8]
+    assert client.hdel(links, *[node + b"p" for node in _nodes(saver, unpaged)]) == 2
+    assert open_saver().get_tuple(_config("unpaged")).checkpoint["channel_values"]["messages"] == unpaged

@@ -14,12 +14,17 @@
 --   KEYS[7] windex   ZSET  the writes fields, score 0: a checkpoint's writes by lex range
 --   KEYS[8] msgs     HASH  "<digest>" -> "<type>\0<value>"      (each message once, SPEC S1)
 --   KEYS[9] links    HASH  "<node>" -> "<digest><prev node>"   (message lists as chains)
+--                          "<node>p" -> "<32 digests><prev node>" (the page a link at every
+--                          LINK_PAGE-th position of a list closes: its messages, oldest first,
+--                          and the node before them; empty before a list's first)
 -- A checkpoint record is {"p": parent, "r": run id, "t": created, "c": checkpoint JSON,
 -- "m": metadata JSON, "v": ["<channel>\0<version>", ...]}.
 
 local NUL = "\0"
 -- Fields an HMGET asks for at most (Lua's unpack takes a few thousand values at a time).
 local MGET_CHUNK = 1000
+-- threadkeep.core.messages.LINK_PAGE: the links of a list that close a page of messages.
+local LINK_PAGE = 32
 
 -- The lex range of a namespace's members in `heads` (all start with "<ns>\0").
 local function ns_bounds(ns)

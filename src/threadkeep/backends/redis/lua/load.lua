@@ -53,19 +53,32 @@ for i = 1, tonumber(ARGV[3]) do
                     for b = 23, 26 do
                         count = count * 256 + string.byte(blob, b)
                     end
-                    -- The links first (each names the one before it), then every message
-                    -- in a few HMGETs: one call per message cost most of a long list's read.
+                    -- The links first (each names the one before it; a page, the 32 before
+                    -- it), then every message in a few HMGETs: one call per message, and
+                    -- per link, cost most of a long list's read.
                     local digests = {}
                     local first = count + 1  -- the oldest position found (a broken chain stops)
                     local node = tail
-                    for position = count, 1, -1 do
-                        local link = redis.call("HGET", KEYS[9], node)
-                        if not link then
-                            break
+                    local position = count
+                    while position >= 1 do
+                        local page = position % LINK_PAGE == 0 and redis.call("HGET", KEYS[9], node .. "p")
+                        if page then
+                            first = position - LINK_PAGE + 1
+                            for j = 0, LINK_PAGE - 1 do
+                                digests[first + j] = string.sub(page, 16 * j + 1, 16 * j + 16)
+                            end
+                            node = string.sub(page, 16 * LINK_PAGE + 1)
+                            position = first - 1
+                        else
+                            local link = redis.call("HGET", KEYS[9], node)
+                            if not link then
+                                break
+                            end
+                            digests[position] = string.sub(link, 1, 16)
+                            first = position
+                            node = string.sub(link, 17)
+                            position = position - 1
                         end
-                        digests[position] = string.sub(link, 1, 16)
-                        first = position
-                        node = string.sub(link, 17)
                     end
                     local list = {tail}
                     for position = 1, first - 1 do

@@ -8,7 +8,12 @@ for _, key in ipairs({KEYS[2], KEYS[5], KEYS[6], KEYS[8]}) do
         bytes = bytes + #entries[i]
     end
 end
-bytes = bytes + 48 * redis.call("HLEN", KEYS[9])
+-- A link counts 48 bytes (its node, digest and previous node), a page its value, as the
+-- SQL stores count theirs.
+local links = redis.call("HGETALL", KEYS[9])
+for i = 1, #links, 2 do
+    bytes = bytes + (#links[i] == 16 and 48 or #links[i + 1])
+end
 return {
     redis.call("HLEN", KEYS[2]),
     redis.call("HLEN", KEYS[5]),
