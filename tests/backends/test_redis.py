@@ -481,3 +481,18 @@ def test_a_list_is_read_a_page_at_a_time_where_its_links_have_pages(open_saver: 
     links = thread_keys(saver, "unpaged")[8]
     assert client.hdel(links, *[node + b"p" for node in _nodes(saver, unpaged)]) == 2
     assert open_saver().get_tuple(_config("unpaged")).checkpoint["channel_values"]["messages"] == unpaged
+
+
+def test_a_list_whose_page_names_its_messages_out_of_order_is_refused(open_saver: Opener) -> None:
+    """A page is read instead of the links it covers: one that names the right messages in
+    the wrong order (a store damaged by hand, a bug) must not be read as the list. The
+    reader checks that the digests lead to the list's tail."""
+    saver = open_saver()
+    messages = _long_history(saver, "misordered", 40)
+    client, links = raw(saver), thread_keys(saver, "misordered")[8]
+    field = _nodes(saver, messages)[31] + b"p"
+    page = client.hget(links, field)
+    swapped = page[16:32] + page[:16] + page[32:]  # the first two messages swapped
+    client.hset(links, field, swapped)
+    with pytest.raises(CheckpointSerializationError, match="links do not lead to the list's tail"):
+        open_saver().get_tuple(_config("misordered"))

@@ -34,11 +34,13 @@ from threadkeep.errors import CheckpointSerializationError
 
 __all__ = [
     "CHAIN_TYPE",
+    "DIGEST_BYTES",
     "LINK_PAGE",
     "ContentCache",
     "EncodingMemo",
     "MessageChain",
     "chain_ref",
+    "chain_tail",
     "digest_of",
     "is_message_list",
     "parse_chain_ref",
@@ -46,6 +48,7 @@ __all__ = [
 
 CHAIN_TYPE: Final = "chain"
 _HASH_BYTES: Final = 16
+DIGEST_BYTES: Final = _HASH_BYTES
 # A SQL store may give every LINK_PAGE-th link of a list its page: the digests of the
 # LINK_PAGE messages it closes, oldest first, and the node before the first of them; a
 # reader then walks the list a page at a time (Postgres: migration 6, whose readers unpack
@@ -65,6 +68,14 @@ def digest_of(kind: str, payload: bytes) -> bytes:
 
 def _link(prev: bytes | None, digest: bytes) -> bytes:
     return hashlib.blake2b((prev or b"") + digest, digest_size=_HASH_BYTES).digest()
+
+
+def chain_tail(digests: Sequence[bytes]) -> bytes | None:
+    """The tail node of the list of messages ``digests`` (oldest first); None if empty."""
+    node: bytes | None = None
+    for digest in digests:
+        node = _link(node, digest)
+    return node
 
 
 # Field values of these types cannot change in place: the same object is the same value.

@@ -19,7 +19,7 @@ from threadkeep.backends.redis.engine import Command, Scan, Script
 from threadkeep.backends.redis.keys import KeySpace
 from threadkeep.backends.sql.programs import FORMAT_GENERATION, READABLE_GENERATIONS
 from threadkeep.core.identity import Actor
-from threadkeep.core.messages import LINK_PAGE, ContentCache, EncodingMemo, digest_of
+from threadkeep.core.messages import DIGEST_BYTES, LINK_PAGE, ContentCache, EncodingMemo, chain_tail
 from threadkeep.core.program import Program
 from threadkeep.core.records import (
     ListQuery,
@@ -74,6 +74,9 @@ __all__ = [
 NUL = b"\0"
 # What follows a link's node in the field of its page (a node is 16 bytes: no link's field).
 PAGE_MARK = b"p"
+# The message lists a load.lua entry carried, by tail: their digests (as the store holds
+# them, and as their links lead to the tail) and their messages' stored forms.
+_Carried = dict[bytes, tuple[list[bytes], list[tuple[str, bytes]]]]
 # load.lua's, page.lua's and read_all.lua's answer where Redis evicted part of a thread, and
 # what the error says of it.
 _LOST = NUL + b"lost"
@@ -231,9 +234,7 @@ def put_writes(space: KeySpace, step: WritesStep, ttl_ms: int, *, keys: Sequence
 # --- reads -------------------------------------------------------------------------------
 
 
-def _stored(
-    thread_id: str, ns: str, entry: list[Any], branch: bool
-) -> tuple[StoredCheckpoint, dict[bytes, list[tuple[str, bytes]]]]:
+def _stored(thread_id: str, ns: str, entry: list[Any], branch: bool) -> tuple[StoredCheckpoint, _Carried]:
     """Decode one entry of load.lua's reply; returns it and the message lists it carried."""
     checkpoint_id, record_bytes, blobs, writes, *lists = entry
     record = orjson.loads(record_bytes)
@@ -264,14 +265,20 @@ def _stored(
         stored.writes.append(
             (path.decode(), task_id.decode(), int(idx), channel.decode(), kind.decode(), value)
         )
-    carried: dict[bytes, list[tuple[str, bytes]]] = {}
-    for tail, *messages in lists:
+    carried: _Carried = {}
+    for tail, joined, *messages in lists:
         if any(not message for message in messages):
             raise CheckpointSerializationError(
                 "message history is incomplete: a message of the list is not stored",
                 path=f"thread {thread_id!r}",
             )
-        carried[bytes(tail)] = [_split(message) for message in messages]
+        digests = [joined[at : at + DIGEST_BYTES] for at in range(0, len(joined), DIGEST_BYTES)]
+        if len(digests) != len(messages) or chain_tail(digests) != tail:
+            raise CheckpointSerializationError(
+                "message history is inconsistent: its links do not lead to the list's tail",
+                path=f"thread {thread_id!r}",
+            )
+        carried[bytes(tail)] = (digests, [_split(message) for message in messages])
     return stored, carried
 
 
@@ -281,13 +288,13 @@ def _split(message: bytes) -> tuple[str, bytes]:
 
 
 def _resolve(
-    stored: StoredCheckpoint, carried: dict[bytes, list[tuple[str, bytes]]], content: ContentCache
+    stored: StoredCheckpoint, carried: _Carried, content: ContentCache
 ) -> dict[bytes, list[tuple[str, bytes]]]:
     """Every list the checkpoint needs: carried by the reply (and cached), or held already."""
     lists: dict[bytes, list[tuple[str, bytes]]] = {}
     for tail, count in stored.chains():
         if tail in carried:
-            messages = carried[tail]
+            _, messages = carried[tail]
             if len(messages) != count:
                 raise CheckpointSerializationError(
                     f"message history holds {len(messages)} of {count} messages"
@@ -301,11 +308,8 @@ def _resolve(
     return lists
 
 
-def _remember(
-    stored: StoredCheckpoint, carried: dict[bytes, list[tuple[str, bytes]]], content: ContentCache
-) -> None:
-    for tail, messages in carried.items():
-        digests = [digest_of(kind, payload) for kind, payload in messages]
+def _remember(stored: StoredCheckpoint, carried: _Carried, content: ContentCache) -> None:
+    for tail, (digests, messages) in carried.items():
         content.keep(tail, digests, messages, stored.thread_id)
 
 
@@ -318,13 +322,13 @@ def _load(
     *,
     branch: bool,
     keys: Sequence[str] = (),
-) -> Program[list[tuple[StoredCheckpoint, dict[bytes, list[tuple[str, bytes]]]] | None]]:
+) -> Program[list[tuple[StoredCheckpoint, _Carried] | None]]:
     held = b"".join(content.recent_tails(thread_id))
     args: list[object] = [owner or "", held, len(wanted)]
     for ns, checkpoint_id in wanted:
         args += [ns, checkpoint_id]
     reply = yield Script("load", keys or space.thread(thread_id), args)
-    out: list[tuple[StoredCheckpoint, dict[bytes, list[tuple[str, bytes]]]] | None] = []
+    out: list[tuple[StoredCheckpoint, _Carried] | None] = []
     for (ns, _), entry in zip(wanted, reply, strict=True):
         _refuse_lost(thread_id, entry)
         out.append(_stored(thread_id, ns, entry, branch) if entry else None)

@@ -25,6 +25,8 @@ local NUL = "\0"
 local MGET_CHUNK = 1000
 -- threadkeep.core.messages.LINK_PAGE: the links of a list that close a page of messages.
 local LINK_PAGE = 32
+-- In place of a message's digest where a list's chain broke.
+local NO_DIGEST = string.rep(NUL, 16)
 
 -- The lex range of a namespace's members in `heads` (all start with "<ns>\0").
 local function ns_bounds(ns)

@@ -6,8 +6,9 @@
 -- ARGV[3] k, then k pairs: namespace, checkpoint id ("" = the newest of the namespace)
 -- Returns k entries, each {} when absent (or another user's), else
 --   {checkpoint id, record, {blob field, blob value, ...}, {write field, write value, ...},
---    {tail, message, message, ...}, ...}: one list per message list not held by the caller,
---   messages oldest first, each "<type>\0<value>"; or, every entry, {"\0lost", what}: Redis
+--    {tail, digests, message, message, ...}, ...}: one list per message list not held by the
+--   caller, messages oldest first, each "<type>\0<value>", after their digests (16 bytes each,
+--   concatenated; 16 NULs where the chain broke, whose messages are empty); or, every entry, {"\0lost", what}: Redis
 --   evicted part of the thread (lost_part, _prelude.lua). The owner is checked first: a
 --   thread that lost its owner is no user's to read (an operator's read says it is lost).
 if ARGV[1] ~= "" and redis.call("HGET", KEYS[1], "owner") ~= ARGV[1] then
@@ -80,17 +81,19 @@ for i = 1, tonumber(ARGV[3]) do
                             position = position - 1
                         end
                     end
-                    local list = {tail}
+                    local list = {tail, ""}
                     for position = 1, first - 1 do
-                        list[position + 1] = ""
+                        digests[position] = NO_DIGEST
+                        list[position + 2] = ""
                     end
                     for from = first, count, MGET_CHUNK do
                         local to = math.min(from + MGET_CHUNK - 1, count)
                         local found = redis.call("HMGET", KEYS[8], unpack(digests, from, to))
                         for position = from, to do
-                            list[position + 1] = found[position - from + 1] or ""
+                            list[position + 2] = found[position - from + 1] or ""
                         end
                     end
+                    list[2] = table.concat(digests, "", 1, count)
                     entry[#entry + 1] = list
                     held[tail] = true
                 end
