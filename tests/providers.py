@@ -111,6 +111,13 @@ def redis_probe() -> str | None:
         return f"no Redis at {REDIS_URL!r} ({exc})"
 
 
+def track_redis_prefix(prefix: str) -> str:
+    """``prefix``, whose keys on the test Redis (and those of any prefix it starts, such as
+    a store a test opens beside it) are deleted when the session ends."""
+    _PREFIXES.append(prefix)
+    return prefix
+
+
 def drop_redis_prefixes() -> None:
     if not _PREFIXES:
         return
@@ -118,14 +125,13 @@ def drop_redis_prefixes() -> None:
 
     client = redis.Redis.from_url(REDIS_URL)
     for prefix in _PREFIXES:
-        for key in client.scan_iter(match=f"{prefix}:*", count=1000):
+        for key in client.scan_iter(match=f"{prefix}*", count=1000):
             client.delete(key)
     _PREFIXES.clear()
 
 
 def _redis(tmp_path: Path, unique: str) -> Opener:
-    prefix = f"tktest{unique[:12]}"
-    _PREFIXES.append(prefix)
+    prefix = track_redis_prefix(f"tktest{unique[:12]}")
 
     def open_(settings: Settings | None = None, **options: Any) -> ThreadkeepSaver:
         options.setdefault("key_prefix", prefix)
@@ -168,8 +174,7 @@ TIERED_KEEPS_ALL = 1_000_000
 
 def _tiered(tmp_path: Path, unique: str) -> Opener:
     dsn = postgres_schema(unique)
-    prefix = f"tktestc{unique[:12]}"
-    _PREFIXES.append(prefix)
+    prefix = track_redis_prefix(f"tktestc{unique[:12]}")
 
     def open_(settings: Settings | None = None, **options: Any) -> ThreadkeepSaver:
         options.setdefault("cache_prefix", prefix)

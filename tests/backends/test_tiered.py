@@ -14,7 +14,7 @@ import redis
 from langgraph.graph import END, START, StateGraph
 from typing_extensions import TypedDict
 
-from tests.providers import REDIS_URL, postgres_schema, stored_checkpoint_ids
+from tests.providers import REDIS_URL, postgres_schema, stored_checkpoint_ids, track_redis_prefix
 from threadkeep import Settings, StaleStateError, open_checkpointer
 from threadkeep.backends.tiered.cache import NO_VERSION, REMOVED_HOLD_MS
 from threadkeep.metrics import CACHE_EVENTS, Metrics
@@ -33,7 +33,7 @@ class Tiered:
 
     def __init__(self, redis_url: str = REDIS_URL, **options: Any) -> None:
         self.dsn = postgres_schema(uuid.uuid4().hex)
-        self.prefix = f"tktestc{uuid.uuid4().hex[:10]}"
+        self.prefix = track_redis_prefix(f"tktestc{uuid.uuid4().hex[:10]}")
         self.redis_url = redis_url
         self.metrics = Metrics()
         options.setdefault("metrics", self.metrics)

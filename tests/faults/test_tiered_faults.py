@@ -18,7 +18,13 @@ import psycopg
 import pytest
 import redis
 
-from tests.providers import POSTGRES_URL, REDIS_URL, postgres_schema, stored_checkpoint_ids
+from tests.providers import (
+    POSTGRES_URL,
+    REDIS_URL,
+    postgres_schema,
+    stored_checkpoint_ids,
+    track_redis_prefix,
+)
 from tests.servers import RedisServer, TcpProxy
 from tests.workers import STALE_EXIT, log_graph, slow_graph
 from threadkeep import Settings, StorageError, open_checkpointer
@@ -40,7 +46,7 @@ class Store:
     def __init__(self, cache_url: str = REDIS_URL, dsn: str | None = None) -> None:
         self.dsn = dsn or postgres_schema(uuid.uuid4().hex)
         self.cache_url = cache_url
-        self.prefix = f"tktestc{uuid.uuid4().hex[:10]}"
+        self.prefix = track_redis_prefix(f"tktestc{uuid.uuid4().hex[:10]}")
         self.metrics = Metrics()
 
     def open(self, dsn: str | None = None, **options: Any) -> Any:
