@@ -269,7 +269,7 @@ def _read_back(memo: EncodingMemo, key: tuple[str, ...], stored: MessageChain) -
     """The messages of ``stored``, decoded, as a store's read gives them to the memo."""
     forms = [stored.payload(position) for position in range(len(stored.digests))]
     decoded = [SERDE.loads_typed(form) for form in forms]
-    memo.seed(key, stored.tail, decoded, list(zip(stored.digests, forms, strict=True)))
+    memo.seed(key, stored.tail, decoded, stored.digests, forms)
     return decoded
 
 
@@ -390,6 +390,6 @@ def test_s1_memo_remembers_nothing_of_a_read_whose_digests_are_not_its_list_s() 
     put = MessageChain("messages", "1", messages, SERDE, memo=memo, memo_key=key)
     other = MessageChain("messages", "1", _conversation(6), SERDE)
     decoded = [SERDE.loads_typed(put.payload(position)) for position in range(5)]
-    memo.seed(key, other.tail, decoded, [(digest, put.payload(at)) for at, digest in enumerate(put.digests)])
+    memo.seed(key, other.tail, decoded, put.digests, [put.payload(at) for at in range(5)])
     assert memo.previous(key, decoded[0]) is memo.previous(key)  # the put's: the read was not kept
     assert id(decoded[0]) not in memo.previous(key, decoded[0]).digests

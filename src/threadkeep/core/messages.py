@@ -335,10 +335,11 @@ class EncodingMemo:
         key: tuple[str, ...],
         tail: bytes,
         messages: Sequence[Any],
-        stored: Sequence[tuple[bytes, tuple[str, bytes]]],
+        digests: Sequence[bytes],
+        stored: Sequence[tuple[str, bytes]],
     ) -> None:
-        """Remember ``messages``, just decoded from the list ending at ``tail`` (each
-        message's digest and stored form in ``stored``), as a put of list ``key`` that
+        """Remember ``messages``, just decoded from the list ending at ``tail`` (their
+        ``digests``, and their ``stored`` forms), as a put of list ``key`` that
         encoded them would have: a run loads its thread, then puts the same messages back
         (new objects, which the memo would otherwise encode again).
 
@@ -353,13 +354,12 @@ class EncodingMemo:
         """
         with self._guard:
             previous = self._lists.get(key, _NOTHING)
-        digests = [digest for digest, _ in stored]
         shared = 0
         for before, digest in zip(previous.list_digests, digests, strict=False):
             if before != digest:
                 break
             shared += 1
-        if not shared or len(messages) != len(digests):
+        if not shared or not len(messages) == len(digests) == len(stored):
             return
         nodes = list(previous.nodes[:shared])
         for digest in digests[shared:]:
@@ -368,7 +368,7 @@ class EncodingMemo:
             return
         current = _Remembered()
         current.list_digests, current.nodes = tuple(digests), tuple(nodes)
-        current.stored = dict(stored)
+        current.stored = dict(zip(digests, stored, strict=True))
         for start in range(0, len(messages), self.block):
             block = messages[start : start + self.block]
             at = digests[start : start + self.block]
@@ -699,6 +699,15 @@ class MessageChain:
     def prev(self, position: int) -> bytes | None:
         """The node before ``position``, ``None`` for the first."""
         return self.nodes[position - 1] if position else None
+
+    def page(self, position: int) -> tuple[bytes, bytes | None] | None:
+        """The page the link at ``position`` closes, if it closes one (every
+        :data:`LINK_PAGE`-th): the digests of its messages, oldest first, and the node
+        before the first of them (None for a list's first page)."""
+        if (position + 1) % LINK_PAGE:
+            return None
+        first = position + 1 - LINK_PAGE
+        return b"".join(self.digests[first : position + 1]), self.prev(first)
 
     def encoded(self) -> list[tuple[int, tuple[str, bytes]]]:
         """The positions this chain has encoded payloads for, with them."""

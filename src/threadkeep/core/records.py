@@ -599,8 +599,8 @@ class StoredCheckpoint:
                 values[channel] = decode_values(serde, lists[tail], path)
                 digests = None if memo is None or content is None else content.digests(tail)
                 if memo is not None and digests is not None:
-                    stored = list(zip(digests, lists[tail], strict=False))
-                    memo.seed((self.thread_id, self.checkpoint_ns, channel), tail, values[channel], stored)
+                    key = (self.thread_id, self.checkpoint_ns, channel)
+                    memo.seed(key, tail, values[channel], digests, lists[tail])
             else:
                 values[channel] = decode_value(serde, vtype, value, path)
         return assemble(

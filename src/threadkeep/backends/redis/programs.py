@@ -19,7 +19,7 @@ from threadkeep.backends.redis.engine import Command, Scan, Script
 from threadkeep.backends.redis.keys import KeySpace
 from threadkeep.backends.sql.programs import FORMAT_GENERATION, READABLE_GENERATIONS
 from threadkeep.core.identity import Actor
-from threadkeep.core.messages import DIGEST_BYTES, LINK_PAGE, ContentCache, EncodingMemo, chain_tail
+from threadkeep.core.messages import DIGEST_BYTES, ContentCache, EncodingMemo, chain_tail
 from threadkeep.core.program import Program
 from threadkeep.core.records import (
     ListQuery,
@@ -138,9 +138,9 @@ def _put_args(step: PutStep, ttl_ms: int, known: list[int]) -> list[object]:
 def step_rows(step: PutStep, known: Sequence[int]) -> list[object]:
     """The rows of a put as put.lua (and cache_put.lua) read them: each message list's
     known prefix, the channel values, then the messages and links after the prefixes. The
-    link at each :data:`LINK_PAGE`-th position comes with its page (field ``<node>p``: the
-    digests of the positions it closes, oldest first, then the node before them, if any),
-    which load.lua reads in one step instead of a link at a time."""
+    link closing a page (:meth:`MessageChain.page`) comes with it, as field ``<node>p``:
+    its digests, then the node before them, if any; load.lua reads it in one step instead
+    of a link at a time."""
     prefixes = [chain.nodes[count - 1] for chain, count in zip(step.chains, known, strict=True) if count]
     args: list[object] = [len(prefixes), *prefixes]
     args.append(len(step.blobs))
@@ -153,10 +153,9 @@ def step_rows(step: PutStep, known: Sequence[int]) -> list[object]:
             kind, payload = chain.payload(i)
             messages += [chain.digests[i], kind.encode() + NUL + payload]
             links += [chain.nodes[i], chain.digests[i] + (chain.prev(i) or b"")]
-            if (i + 1) % LINK_PAGE == 0:
-                first = i + 1 - LINK_PAGE
-                page = b"".join(chain.digests[first : i + 1]) + (chain.prev(first) or b"")
-                links += [chain.nodes[i] + PAGE_MARK, page]
+            page = chain.page(i)
+            if page is not None:
+                links += [chain.nodes[i] + PAGE_MARK, page[0] + (page[1] or b"")]
     return [*args, len(messages) // 2, *messages, len(links) // 2, *links]
 
 

@@ -18,7 +18,7 @@ from langgraph.checkpoint.base import CheckpointTuple
 from langgraph.checkpoint.serde.base import SerializerProtocol
 
 from threadkeep.core.identity import Actor
-from threadkeep.core.messages import CHAIN_TYPE, LINK_PAGE, ContentCache, EncodingMemo, MessageChain
+from threadkeep.core.messages import CHAIN_TYPE, ContentCache, EncodingMemo, MessageChain
 from threadkeep.core.program import Batch, Program, Sql, SqlMany
 from threadkeep.core.records import (
     EMPTY_TYPE,
@@ -439,23 +439,22 @@ def _chain_rows(q: SqlDialect, tid: int, chain: MessageChain, known: int) -> lis
 
 def _message_rows(chain: MessageChain, start: int) -> tuple[list[dict[str, object]], list[dict[str, object]]]:
     """The ``tk_messages`` and ``tk_message_links`` rows of a chain from position ``start``:
-    the link at each :data:`LINK_PAGE`-th position carries its page (the digests of the
-    positions it closes, and the node before them), which a reader walks in one step."""
+    a link closing a page (:meth:`MessageChain.page`) carries it, which a reader walks in
+    one step."""
     messages: list[dict[str, object]] = []
     links: list[dict[str, object]] = []
     digests, nodes = chain.digests, chain.nodes
     for i in range(start, len(nodes)):
         kind, payload = chain.payload(i)
         messages.append({"digest": digests[i], "type": kind, "value": payload})
-        first = i + 1 - LINK_PAGE
-        closes = (i + 1) % LINK_PAGE == 0
+        page = chain.page(i)
         links.append(
             {
                 "node": nodes[i],
                 "prev": chain.prev(i),
                 "digest": digests[i],
-                "page": b"".join(digests[first : i + 1]) if closes else None,
-                "page_prev": chain.prev(first) if closes else None,
+                "page": None if page is None else page[0],
+                "page_prev": None if page is None else page[1],
             }
         )
     return messages, links
