@@ -751,6 +751,85 @@ async def test_a_coalesced_transaction_of_one_round_trip_stays_whole(provider: A
     assert requests <= 3
 
 
+async def test_a_coalesced_round_trip_whose_commit_fails_rolls_back_alone(provider: Any) -> None:
+    """A round trip of a shared pipeline can fail at the COMMIT its Sync makes (a deferred
+    constraint; a serialization failure where the server's default isolation is stricter):
+    that round trip rolled back, its call gets the error as a lone call would, and the round
+    trips sent with it, before and after, are stored and answered."""
+    import psycopg
+
+    from threadkeep import StorageError
+
+    dsn = postgres_schema(uuid.uuid4().hex)
+    with connect(dsn) as conn:
+        conn.execute("CREATE TABLE coalesced (k INTEGER, UNIQUE (k) DEFERRABLE INITIALLY DEFERRED)")
+    with open_checkpointer("postgres", dsn, settings=Settings(pool_max_size=4)) as saver:
+        engine = saver.backend.engine
+        await saver.aget_tuple({"configurable": {"thread_id": "nothing"}})  # the pool is open
+        (pool,) = engine._async_pools.values()
+        requests = pool.get_stats().get("requests_num", 0)
+        insert = "INSERT INTO coalesced VALUES (%(k)s) RETURNING k"
+        before = [engine.arun(_statement(insert, k=k), write=True, atomic=False) for k in range(10)]
+        # each statement succeeds; the constraint is checked at the commit
+        twice = engine.arun(
+            _statement("INSERT INTO coalesced VALUES (1000), (1000) RETURNING k"), write=True, atomic=False
+        )
+        after = [engine.arun(_statement(insert, k=k), write=True, atomic=False) for k in range(10, 20)]
+        *stored, failed = await asyncio.gather(*before, *after, twice, return_exceptions=True)
+        requests = pool.get_stats().get("requests_num", 0) - requests
+    assert stored == [[(k,)] for k in range(20)]
+    # the shared pipelines, and the failed round trip sent again alone: no call retried
+    assert requests <= 4
+    assert isinstance(failed, StorageError)
+    assert isinstance(failed.__cause__, psycopg.errors.UniqueViolation)
+    with connect(dsn) as conn:
+        assert [k for (k,) in conn.execute("SELECT k FROM coalesced ORDER BY k")] == list(range(20))
+
+
+async def test_a_coalesced_round_trip_whose_parameters_cannot_be_sent_goes_alone(provider: Any) -> None:
+    """A parameter psycopg cannot adapt keeps its round trip out of the shared pipeline: the
+    others are stored, and its call fails as it would alone, with psycopg's own error."""
+    import psycopg
+
+    from threadkeep import StorageError
+
+    dsn = postgres_schema(uuid.uuid4().hex)
+    with connect(dsn) as conn:
+        conn.execute("CREATE TABLE coalesced (k INTEGER PRIMARY KEY)")
+    with open_checkpointer("postgres", dsn, settings=Settings(pool_max_size=4)) as saver:
+        engine = saver.backend.engine
+        await saver.aget_tuple({"configurable": {"thread_id": "nothing"}})
+        insert = "INSERT INTO coalesced VALUES (%(k)s) RETURNING k"
+        calls = [engine.arun(_statement(insert, k=k), write=True, atomic=False) for k in range(10)]
+        unsendable = engine.arun(_statement(insert, k=object()), write=True, atomic=False)
+        *stored, failed = await asyncio.gather(*calls, unsendable, return_exceptions=True)
+    assert stored == [[(k,)] for k in range(10)]
+    assert isinstance(failed, StorageError)
+    assert isinstance(failed.__cause__, psycopg.ProgrammingError)
+
+
+@pytest.mark.parametrize("threshold", [5, None])
+async def test_coalesced_statements_are_prepared_as_psycopg_would(
+    provider: Any, threshold: int | None
+) -> None:
+    """A shared pipeline's statements become prepared statements on their connection once
+    they ran ``prepare_threshold`` times (the state read at its first run), and never where
+    the threshold is None (PgBouncer in transaction mode before 1.21)."""
+    settings = Settings(pool_min_size=1, pool_max_size=1, prepare_threshold=threshold)
+    with open_checkpointer("postgres", postgres_schema(uuid.uuid4().hex), settings=settings) as saver:
+        graph = build_agent(saver)
+        await asyncio.gather(
+            *(graph.ainvoke(turn_input(0), {"configurable": {"thread_id": f"t{i}"}}) for i in range(4))
+        )
+        # on the pool's one connection: the statements its shared pipelines prepared
+        names = "SELECT count(*) FROM pg_prepared_statements WHERE name LIKE %(prefix)s"
+        (prepared,) = await saver.backend.engine.arun(_statement(names, prefix=r"\_tk%"), write=True)
+    if threshold is None:
+        assert prepared == (0,)
+    else:
+        assert prepared[0] >= 3  # the state read, its settings, the put, the writes ...
+
+
 def test_a_deployment_set_up_by_its_environment_can_turn_prepared_statements_off(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

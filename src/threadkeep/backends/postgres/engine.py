@@ -39,6 +39,7 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
 
 from threadkeep.backends.closing import PerLoop, close_elsewhere
+from threadkeep.backends.postgres import wire
 from threadkeep.core.program import Batch, Program, ProgramFactory, Sql, SqlMany, drive, drive_async
 from threadkeep.core.retry import RetryPolicy
 from threadkeep.errors import StorageError
@@ -339,13 +340,13 @@ class PostgresEngine:
 
     def _coalescer(self) -> _Coalescer | None:
         """The running loop's coalescer; None on a pool the application gave (its connections
-        are used as given, one call each) or where psycopg cannot queue a Sync."""
-        if self._given_async_pool is not None or _QUEUE_SYNC is None:
+        are used as given, one call each)."""
+        if self._given_async_pool is not None:
             return None
         loop = asyncio.get_running_loop()
         coalescer = self._coalescers.get(loop)
         if coalescer is None:
-            coalescer = self._coalescers[loop] = _Coalescer(_QUEUE_SYNC, self._async_pool)
+            coalescer = self._coalescers[loop] = _Coalescer(self._async_pool)
         return coalescer
 
     def connect(self) -> psycopg.Connection[Any]:
@@ -653,11 +654,6 @@ async def _rows_async(cursor: psycopg.AsyncCursor[Any] | None) -> list[Any] | No
     return await cursor.fetchall() if _returns_rows(cursor) else []
 
 
-# psycopg queues a Sync in a pipeline without waiting for the results before it only through
-# this private method (its public ``sync()`` waits for them). Without it, nothing is coalesced.
-_QUEUE_SYNC: Final[Callable[[psycopg.AsyncPipeline], None] | None] = getattr(
-    psycopg.AsyncPipeline, "_enqueue_sync", None
-)
 # A coalesced round trip whose statement failed: it rolled back alone, and is sent again on a
 # connection of its own, where its failure reaches its program as any failure does.
 _ALONE: Final = object()
@@ -667,7 +663,6 @@ _ALONE: Final = object()
 # this (for its own implicit transaction: nothing outlives it, through any pooler), and is
 # then sent again alone (_ALONE), to wait as long as it must.
 _BOUND_LOCK_WAITS: Final = "SELECT set_config('lock_timeout', '20ms', true)"
-_SUCCEEDED: Final = (psycopg.pq.ExecStatus.TUPLES_OK, psycopg.pq.ExecStatus.COMMAND_OK)
 # The name of the tasks that send coalesced round trips.
 _FLUSH_TASK: Final = "threadkeep-coalescer"
 
@@ -730,27 +725,22 @@ class _Coalescer:
     the client's CPU per turn by about a fifth (``docs/benchmarks.md``). A write waits for a
     lock no longer than :data:`_BOUND_LOCK_WAITS` says, then goes alone.
 
-    A round trip whose statement fails is answered :data:`_ALONE` (it rolled back alone, and
-    its call sends it again by itself, where the failure takes its usual path); the others
-    of its pipeline are answered as usual. psycopg raises a pipeline's first error when it
-    comes, maybe while a later round trip is being queued: queuing goes on, and every round
-    trip is judged by its own statements' results. A COMMIT at a Sync can fail only where
-    the server's default isolation is not READ COMMITTED (threadkeep's writes have no
-    deferred constraints): an error no statement's result explains, or a transaction
-    rollback (SQLSTATE class 40), answers every round trip of the pipeline with it, as a
-    dropped connection does, and their calls retry as after any dropped connection (SPEC
-    W4): a round trip may have committed before it, as a lone one may.
+    The round trips go out on the connection's libpq handle (:mod:`.wire`), not through
+    psycopg's cursors, and their results are read back by position, a Sync closing each
+    round trip's. A round trip that failed (a statement, or the COMMIT at its Sync, which
+    fails only on a deferred constraint or where the server's default isolation is not
+    READ COMMITTED) rolled back alone, and is answered :data:`_ALONE`: its call sends it
+    again by itself, where the failure takes its usual path. So is one whose parameters
+    cannot be sent (it is never queued). The others of its pipeline are answered as usual.
+    A dropped connection answers every round trip of its pipeline with its error, and
+    their calls retry as after any dropped connection (SPEC W4): a round trip may have
+    committed before it, as a lone one may.
     """
 
     IN_FLIGHT: Final = 2
     MOST: Final = 64
 
-    def __init__(
-        self,
-        queue_sync: Callable[[psycopg.AsyncPipeline], None],
-        pool: Callable[[], Awaitable[AsyncConnectionPool]],
-    ) -> None:
-        self.queue_sync = queue_sync
+    def __init__(self, pool: Callable[[], Awaitable[AsyncConnectionPool]]) -> None:
         self.pool = pool  # the loop's pool at each pipeline (a closed one is replaced)
         self.waiting: list[_Waiting] = []
         self.running = 0
@@ -793,42 +783,31 @@ class _Coalescer:
             self.running -= 1
 
     async def _pipeline(self, batch: list[_Waiting]) -> None:
-        sent: list[tuple[_Waiting, list[psycopg.AsyncCursor[Any] | None], _Shape]] = []
-        errors: list[Exception] = []
+        sent: list[tuple[_Waiting, _Shape]] = []
         try:
             pool = await self.pool()
             async with pool.connection() as conn:
                 try:
-                    async with conn.pipeline() as pipeline:
-                        settings = conn.cursor()  # for every settings statement (see _queue_judged)
-                        for waiting in batch:
-                            inside = _inside(waiting.statements)
-                            statements, results = _planned(conn, inside, waiting.prepare)
-                            results = _answered(waiting.statements, inside, results)
-                            if waiting.prepare.write:
-                                statements, results = _bounded(statements, results)
-                            cursors = [
-                                await _queue_judged(conn, s, waiting.prepare, errors, settings)
-                                for s in statements
-                            ]
-                            self.queue_sync(pipeline)
-                            sent.append((waiting, cursors, results))
-                except Exception as error:
-                    if conn.broken or conn.closed:  # what reached the server is not known
-                        raise
-                    errors.append(error)
-                answered = [all(map(_succeeded, cursors)) for _, cursors, _ in sent]
-                if errors and (all(answered) or any(map(_rolled_back, errors))):
-                    # A COMMIT at a Sync failed (a server whose default isolation is not READ
-                    # COMMITTED): whose is not known, and the results after it may be out of
-                    # step with their statements. Every round trip retries; not the connection.
+                    pipeline = wire.WirePipeline(conn)
+                    for waiting in batch:
+                        inside = _inside(waiting.statements)
+                        statements, results = _planned(conn, inside, waiting.prepare)
+                        results = _answered(waiting.statements, inside, results)
+                        if waiting.prepare.write:
+                            statements, results = _bounded(statements, results)
+                        if pipeline.queue(statements, partial(waiting.prepare, conn)):
+                            sent.append((waiting, results))
+                    trips = pipeline.judge(await conn.wait(pipeline.exchange()))
+                    pipeline.end()
+                except BaseException:
+                    # what reached the server, and what is left to read, is not known
                     await conn.close()
-                    raise next(filter(_rolled_back, errors), errors[0])
-            for (waiting, cursors, results), ok in zip(sent, answered, strict=True):
-                if ok and not waiting.reply.done():
+                    raise
+            for (waiting, results), trip in zip(sent, trips, strict=True):
+                if trip.rows is not None and not waiting.reply.done():
                     try:
-                        waiting.reply.set_result(results([await _rows_async(cursor) for cursor in cursors]))
-                    except Exception as error:  # reading its rows failed: its own failure
+                        waiting.reply.set_result(results(trip.rows))
+                    except Exception as error:  # shaping its rows failed: its own failure
                         waiting.reply.set_exception(error)
         except Exception as error:
             for waiting in batch:
@@ -841,50 +820,6 @@ class _Coalescer:
         for waiting in batch:
             if not waiting.reply.done():
                 waiting.reply.set_result(_ALONE)
-
-
-async def _queue_judged(
-    conn: psycopg.AsyncConnection[Any],
-    statement: _Statement,
-    prepare: _Preparing,
-    errors: list[Exception],
-    settings: psycopg.AsyncCursor[Any],
-) -> psycopg.AsyncCursor[Any] | None:
-    """Queue one statement of a coalesced round trip; its cursor holds its result once the
-    pipeline is synced (none if it failed). psycopg may raise the error of a statement queued
-    before (or this one's own, if its parameters cannot be sent): kept, and queuing goes on
-    unless the connection dropped.
-
-    A settings statement (the lock wait bound, a planned read's settings) goes on the
-    pipeline's ``settings`` cursor and is answered ``None``: its result is never read, and it
-    fails only in a transaction that failed already, which the statement after it then shows.
-    A cursor of its own would cost each one psycopg's per-cursor state (its adapters and
-    types), kept until the pipeline is read: about half of a shared pipeline's cursors."""
-    assert isinstance(statement, Sql)
-    setting = statement.sql in (_BOUND_LOCK_WAITS, prepare.planned.settings)
-    cursor = settings if setting else conn.cursor()
-    try:
-        await cursor.execute(
-            statement.sql, statement.params, prepare=prepare(conn, statement.sql), binary=True
-        )
-    except Exception as error:
-        if conn.broken or conn.closed:
-            raise
-        errors.append(error)
-    return None if setting else cursor
-
-
-def _rolled_back(error: Exception) -> bool:
-    """Whether ``error`` is a transaction's rollback (SQLSTATE class 40: a serialization
-    failure, a deadlock), which a COMMIT may raise too."""
-    return isinstance(error, psycopg.errors.TransactionRollback)
-
-
-def _succeeded(cursor: psycopg.AsyncCursor[Any] | None) -> bool:
-    if cursor is None:  # a settings statement (see _queue_judged)
-        return True
-    result = cursor.pgresult
-    return result is not None and result.status in _SUCCEEDED
 
 
 async def _rollback_async(conn: psycopg.AsyncConnection[Any]) -> None:

@@ -1,0 +1,249 @@
+"""A shared pipeline's statements, sent on the connection's libpq handle.
+
+A coalesced pipeline (``engine._Coalescer``) carries the first round trips of many calls,
+each followed by a Sync. Through psycopg's cursors each statement would cost a cursor (with
+its own adapters map, types registry and transformer, kept until the pipeline is read), a
+pass through psycopg's prepared-statement bookkeeping and a send of its own: most of a
+shared pipeline's client CPU, for a few rows of results. :class:`WirePipeline` queues the
+statements on the connection's ``PGconn`` in pipeline mode instead, dumps their parameters
+with one psycopg ``Transformer`` (so every value is adapted exactly as psycopg adapts it),
+sends everything at once and reads the results back by position: each round trip's
+statements, then its Sync.
+
+Statements become prepared statements as psycopg's own would (:class:`Prepared`), under
+names of their own (``_tk<n>``), kept per connection.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import weakref
+from collections.abc import Callable, Generator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import psycopg
+from psycopg import pq
+from psycopg.adapt import PyFormat, Transformer
+
+# psycopg's own non-blocking exchanges (in C with psycopg_binary), as its pipelines use them.
+from psycopg.generators import fetch_many, send
+
+__all__ = ["WirePipeline", "WireTrip"]
+
+_PLACEHOLDER = re.compile(r"%\((\w+)\)([sbt])|%%|%")
+_OK: Final = (pq.ExecStatus.TUPLES_OK, pq.ExecStatus.COMMAND_OK)
+_ROWS: Final = pq.ExecStatus.TUPLES_OK
+_SYNC: Final = pq.ExecStatus.PIPELINE_SYNC
+_FAILED: Final = pq.ExecStatus.FATAL_ERROR
+_BINARY: Final = pq.Format.BINARY
+# Statements prepared per connection at most; past it, new ones run unprepared.
+_MOST_PREPARED: Final = 128
+
+
+@dataclass(frozen=True, slots=True)
+class _Converted:
+    """A statement as libpq takes it: ``$n`` placeholders, and its parameters' names and
+    formats in their order."""
+
+    query: bytes
+    names: tuple[str, ...]
+    formats: tuple[PyFormat, ...]
+
+
+@functools.lru_cache(maxsize=256)
+def _converted(sql: str, encoding: str) -> _Converted:
+    """``sql``'s ``%(name)s`` (``b``, ``t``) placeholders as ``$n``, as psycopg converts them.
+
+    Raises:
+        psycopg.ProgrammingError: a placeholder psycopg would refuse too.
+    """
+    names: list[str] = []
+    formats: list[PyFormat] = []
+    parts: list[str] = []
+    end = 0
+    for match in _PLACEHOLDER.finditer(sql):
+        parts.append(sql[end : match.start()])
+        end = match.end()
+        name, kind = match.groups()
+        if match.group() == "%%":
+            parts.append("%")
+            continue
+        if name is None:
+            raise psycopg.ProgrammingError(f"only %(name)s, %(name)b and %(name)t placeholders: {sql!r}")
+        if name not in names:
+            names.append(name)
+            formats.append(PyFormat(kind))
+        elif formats[names.index(name)] != PyFormat(kind):
+            raise psycopg.ProgrammingError(f"placeholder {name!r} has more than one format: {sql!r}")
+        parts.append(f"${names.index(name) + 1}")
+    parts.append(sql[end:])
+    return _Converted("".join(parts).encode(encoding), tuple(names), tuple(formats))
+
+
+@dataclass(slots=True)
+class Prepared:
+    """The statements one connection has prepared (by query and parameter types), and how
+    often each other one has run: a statement psycopg would prepare once it reached the
+    connection's ``prepare_threshold`` is prepared then."""
+
+    names: dict[tuple[bytes, tuple[int, ...]], bytes] = field(default_factory=dict)
+    runs: dict[tuple[bytes, tuple[int, ...]], int] = field(default_factory=dict)
+    serial: int = 0
+
+
+_PREPARED: weakref.WeakKeyDictionary[psycopg.AsyncConnection[Any], Prepared] = weakref.WeakKeyDictionary()
+
+
+@dataclass(slots=True)
+class WireTrip:
+    """What one round trip of a pipeline got back: each statement's rows (``[]`` for none),
+    or, if a statement failed (or was skipped after one that did), ``None`` with the
+    errors its statements raised."""
+
+    rows: list[list[Any]] | None
+    errors: list[psycopg.Error] = field(default_factory=list)
+
+
+# What a round trip expects back, in order: a prepare's key, or None for a statement.
+_Slot = tuple[bytes, tuple[int, ...]] | None
+
+
+class WirePipeline:
+    """Round trips queued on ``conn`` in pipeline mode, each its own implicit transaction.
+
+    Use: :meth:`queue` each round trip, then ``await conn.wait(pipeline.exchange())`` and
+    :meth:`end`. A failure anywhere leaves the connection to be closed (:meth:`end` is not
+    reached).
+    """
+
+    def __init__(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        self.conn = conn
+        self.pgconn = conn.pgconn
+        self.encoding = conn.info.encoding
+        self.tx = Transformer.from_context(conn)
+        self.threshold = conn.prepare_threshold
+        prepared = _PREPARED.get(conn)
+        if prepared is None:
+            prepared = _PREPARED[conn] = Prepared()
+        self.prepared = prepared
+        self.trips: list[list[_Slot]] = []
+        self.pgconn.enter_pipeline_mode()
+
+    def queue(self, statements: Sequence[Any], prepare: Callable[[str], bool | None]) -> bool:
+        """Queue one round trip: ``statements`` (``Sql``: ``sql`` and ``params``), then a
+        Sync; ``prepare(sql)`` is psycopg's ``prepare`` for each. False, with nothing
+        queued, if a statement's parameters cannot be sent (the round trip goes alone,
+        where its error takes its usual path)."""
+        dumped = []
+        try:
+            for statement in statements:
+                converted = _converted(statement.sql, self.encoding)
+                params: Mapping[str, Any] = statement.params
+                values = self.tx.dump_sequence(
+                    list(map(params.__getitem__, converted.names)), converted.formats
+                )
+                types = self.tx.types or ()
+                dumped.append((converted.query, values, types, self.tx.formats, prepare(statement.sql)))
+        except Exception:
+            return False
+        slots: list[_Slot] = []
+        for query, values, types, formats, preparing in dumped:
+            name = self._name(query, types, preparing, slots)
+            if name is None:
+                self.pgconn.send_query_params(
+                    query, values, param_types=types, param_formats=formats, result_format=_BINARY
+                )
+            else:
+                self.pgconn.send_query_prepared(name, values, param_formats=formats, result_format=_BINARY)
+            slots.append(None)
+        self.pgconn.pipeline_sync()
+        self.trips.append(slots)
+        return True
+
+    def _name(
+        self, query: bytes, types: tuple[int, ...], preparing: bool | None, slots: list[_Slot]
+    ) -> bytes | None:
+        """The prepared statement to run ``query`` as (prepared now if it is due), or None."""
+        key = (query, types)
+        prepared = self.prepared
+        name = prepared.names.get(key)
+        if name is not None or preparing is False or self.threshold is None:
+            return name
+        if preparing is None:
+            runs = prepared.runs.get(key, 0)
+            if runs < self.threshold:
+                prepared.runs[key] = runs + 1
+                return None
+        if len(prepared.names) >= _MOST_PREPARED:
+            return None
+        prepared.serial += 1
+        name = prepared.names[key] = b"_tk%d" % prepared.serial
+        prepared.runs.pop(key, None)
+        self.pgconn.send_prepare(name, query, param_types=types)
+        slots.append(key)
+        return name
+
+    def exchange(self) -> Generator[Any, Any, list[list[pq.abc.PGresult]]]:
+        """Send what is queued and read every result back, for ``conn.wait``."""
+        yield from send(self.pgconn)
+        groups: list[list[Any]] = []
+        syncs = len(self.trips)
+        while syncs:
+            results = yield from fetch_many(self.pgconn)
+            if not results:
+                raise psycopg.OperationalError("the server ended a pipeline before its last result")
+            groups.append(results)
+            if results[0].status == _SYNC:
+                syncs -= 1
+        return groups
+
+    def end(self) -> None:
+        """Leave pipeline mode, every result read."""
+        self.pgconn.exit_pipeline_mode()
+
+    def judge(self, groups: list[list[Any]]) -> list[WireTrip]:
+        """Each round trip's outcome from ``groups`` (what :meth:`exchange` read).
+
+        A round trip whose statement failed, or whose COMMIT at its Sync did (an error
+        after its statements' results: a deferred constraint, or a serialization failure
+        where the server's default isolation is not READ COMMITTED), rolled back alone.
+
+        Raises:
+            psycopg.OperationalError: a round trip got fewer results than it sent
+                statements (never, from a server that follows the protocol).
+        """
+        trips: list[WireTrip] = []
+        at = 0
+        for slots in self.trips:
+            end = at
+            while groups[end][0].status != _SYNC:
+                end += 1
+            segment, at = groups[at:end], end + 1
+            if len(segment) < len(slots):
+                raise psycopg.OperationalError("a pipeline's results are out of step with its statements")
+            trip = WireTrip([])
+            for slot, group in zip(slots, segment, strict=False):
+                if group[-1].status not in _OK:
+                    trip.rows = None
+                    if slot is not None:  # its prepare failed: the name was never made
+                        self.prepared.names.pop(slot, None)
+                elif slot is None and trip.rows is not None:
+                    trip.rows.append(self._rows(group[-1]))
+            if len(segment) > len(slots):  # its COMMIT failed
+                trip.rows = None
+            trip.errors.extend(
+                psycopg.errors.error_from_result(result, encoding=self.encoding)
+                for group in segment
+                for result in group
+                if result.status == _FAILED
+            )
+            trips.append(trip)
+        return trips
+
+    def _rows(self, result: Any) -> list[Any]:
+        if result.status != _ROWS:
+            return []
+        self.tx.set_pgresult(result)
+        return self.tx.load_rows(0, result.ntuples, tuple)
