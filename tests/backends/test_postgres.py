@@ -775,9 +775,11 @@ async def test_a_coalesced_round_trip_whose_commit_fails_rolls_back_alone(provid
             _statement("INSERT INTO coalesced VALUES (1000), (1000) RETURNING k"), write=True, atomic=False
         )
         after = [engine.arun(_statement(insert, k=k), write=True, atomic=False) for k in range(10, 20)]
-        *stored, failed = await asyncio.gather(*before, *after, twice, return_exceptions=True)
+        # queued in this order: the failing round trip has others before and after it
+        results = await asyncio.gather(*before, twice, *after, return_exceptions=True)
         requests = pool.get_stats().get("requests_num", 0) - requests
-    assert stored == [[(k,)] for k in range(20)]
+    failed = results.pop(10)
+    assert results == [[(k,)] for k in range(20)]
     # the shared pipelines, and the failed round trip sent again alone: no call retried
     assert requests <= 4
     assert isinstance(failed, StorageError)
@@ -787,8 +789,9 @@ async def test_a_coalesced_round_trip_whose_commit_fails_rolls_back_alone(provid
 
 
 async def test_a_coalesced_round_trip_whose_parameters_cannot_be_sent_goes_alone(provider: Any) -> None:
-    """A parameter psycopg cannot adapt keeps its round trip out of the shared pipeline: the
-    others are stored, and its call fails as it would alone, with psycopg's own error."""
+    """A parameter psycopg cannot adapt keeps its round trip out of the shared pipeline:
+    nothing of it is queued, the round trips before and after it are stored and answered
+    from the same pipeline, and its call fails as it would alone, with psycopg's own error."""
     import psycopg
 
     from threadkeep import StorageError
@@ -799,35 +802,125 @@ async def test_a_coalesced_round_trip_whose_parameters_cannot_be_sent_goes_alone
     with open_checkpointer("postgres", dsn, settings=Settings(pool_max_size=4)) as saver:
         engine = saver.backend.engine
         await saver.aget_tuple({"configurable": {"thread_id": "nothing"}})
+        (pool,) = engine._async_pools.values()
+        requests = pool.get_stats().get("requests_num", 0)
         insert = "INSERT INTO coalesced VALUES (%(k)s) RETURNING k"
-        calls = [engine.arun(_statement(insert, k=k), write=True, atomic=False) for k in range(10)]
+        calls = [engine.arun(_statement(insert, k=k), write=True, atomic=False) for k in range(20)]
         unsendable = engine.arun(_statement(insert, k=object()), write=True, atomic=False)
-        *stored, failed = await asyncio.gather(*calls, unsendable, return_exceptions=True)
-    assert stored == [[(k,)] for k in range(10)]
+        results = await asyncio.gather(*calls[:10], unsendable, *calls[10:], return_exceptions=True)
+        requests = pool.get_stats().get("requests_num", 0) - requests
+    failed = results.pop(10)
+    assert results == [[(k,)] for k in range(20)]
     assert isinstance(failed, StorageError)
     assert isinstance(failed.__cause__, psycopg.ProgrammingError)
+    assert requests <= 4  # the shared pipelines, and the unsendable call alone
 
 
-@pytest.mark.parametrize("threshold", [5, None])
-async def test_coalesced_statements_are_prepared_as_psycopg_would(
+async def _prepared_statements(engine: Any) -> list[str]:
+    """The statements the engine's shared pipelines prepared on its pool's one connection
+    (read in a transaction, which is never coalesced: it runs on that connection alone)."""
+    names = "SELECT statement FROM pg_prepared_statements WHERE name LIKE %(prefix)s ORDER BY name"
+    rows = await engine.arun(_statement(names, prefix=r"\_tk%"), write=True)
+    return [statement for (statement,) in rows]
+
+
+@pytest.mark.parametrize("threshold", [0, 2, None])
+async def test_coalesced_statements_are_prepared_once_they_ran_prepare_threshold_times(
     provider: Any, threshold: int | None
 ) -> None:
-    """A shared pipeline's statements become prepared statements on their connection once
-    they ran ``prepare_threshold`` times (the state read at its first run), and never where
-    the threshold is None (PgBouncer in transaction mode before 1.21)."""
+    """A shared pipeline's write statements become prepared statements on their connection
+    once they ran ``prepare_threshold`` times, as psycopg's own would, and never where the
+    threshold is None (PgBouncer in transaction mode before 1.21)."""
     settings = Settings(pool_min_size=1, pool_max_size=1, prepare_threshold=threshold)
     with open_checkpointer("postgres", postgres_schema(uuid.uuid4().hex), settings=settings) as saver:
-        graph = build_agent(saver)
-        await asyncio.gather(
-            *(graph.ainvoke(turn_input(0), {"configurable": {"thread_id": f"t{i}"}}) for i in range(4))
-        )
-        # on the pool's one connection: the statements its shared pipelines prepared
-        names = "SELECT count(*) FROM pg_prepared_statements WHERE name LIKE %(prefix)s"
-        (prepared,) = await saver.backend.engine.arun(_statement(names, prefix=r"\_tk%"), write=True)
+        engine = saver.backend.engine
+        select = "SELECT %(k)s::integer"
+        prepared = []
+        for k in range(4):
+            # a write's round trip: the lock wait bound, then the statement
+            assert await engine.arun(_statement(select, k=k), write=True, atomic=False) == [(k,)]
+            prepared.append(len(await _prepared_statements(engine)))
     if threshold is None:
-        assert prepared == (0,)
+        assert prepared == [0, 0, 0, 0]
     else:
-        assert prepared[0] >= 3  # the state read, its settings, the put, the writes ...
+        # both prepared at the run after their first ``threshold`` runs
+        assert prepared == [2 if run >= threshold else 0 for run in range(4)]
+
+
+async def test_coalesced_statements_are_prepared_again_after_their_names_were_dropped(provider: Any) -> None:
+    """psycopg sends ``DEALLOCATE ALL`` after a failed transaction's ROLLBACK on a connection
+    where it prepared statements of its own, which drops the shared pipelines' prepared
+    statements too: their next round trips fail once (and go alone), then the statements are
+    prepared again, and the round trips after that share pipelines as before."""
+    from threadkeep import StorageError
+    from threadkeep.core.program import Batch, Sql
+
+    dsn = postgres_schema(uuid.uuid4().hex)
+    with connect(dsn) as conn:
+        conn.execute("CREATE TABLE coalesced (k INTEGER PRIMARY KEY)")
+    settings = Settings(pool_min_size=1, pool_max_size=1, prepare_threshold=0)
+    with open_checkpointer("postgres", dsn, settings=settings) as saver:
+        engine = saver.backend.engine
+        insert = "INSERT INTO coalesced VALUES (%(k)s) RETURNING k"
+
+        async def inserts(keys: range) -> list[Any]:
+            return await asyncio.gather(
+                *(engine.arun(_statement(insert, k=k), write=True, atomic=False) for k in keys)
+            )
+
+        assert await inserts(range(5)) == [[(k,)] for k in range(5)]
+        assert len(await _prepared_statements(engine)) == 2
+
+        def failing() -> Any:  # a lone transaction psycopg rolls back
+            yield Batch((Sql("SELECT 1", {}), Sql("SELECT 1/0", {})))
+
+        with pytest.raises(StorageError):
+            await engine.arun(failing, write=True)
+        assert await _prepared_statements(engine) == []  # psycopg's DEALLOCATE ALL
+
+        # their names were gone: these went alone, and the connection forgot the names
+        assert await inserts(range(5, 10)) == [[(k,)] for k in range(5, 10)]
+        (pool,) = engine._async_pools.values()
+        requests = pool.get_stats().get("requests_num", 0)
+        assert await inserts(range(10, 30)) == [[(k,)] for k in range(10, 30)]
+        assert pool.get_stats().get("requests_num", 0) - requests <= 3  # shared again
+        assert len(await _prepared_statements(engine)) == 2  # prepared again
+
+
+async def test_a_statement_prepared_in_a_round_trip_that_fails_serves_the_round_trips_after_it(
+    provider: Any,
+) -> None:
+    """A round trip prepares a statement it runs for the first time; the round trips after it
+    in the same shared pipeline run that prepared statement. The Parse goes ahead of the
+    round trip's statements, so a statement of it that fails (which skips what follows it up
+    to its Sync) does not take the prepared statement from the others: they are answered
+    from the pipeline."""
+    from threadkeep import StorageError
+    from threadkeep.core.program import Batch, Sql
+
+    dsn = postgres_schema(uuid.uuid4().hex)
+    with connect(dsn) as conn:
+        conn.execute("CREATE TABLE coalesced (k INTEGER PRIMARY KEY)")
+        conn.execute("INSERT INTO coalesced VALUES (0)")
+    settings = Settings(pool_min_size=1, pool_max_size=1, prepare_threshold=0)
+    with open_checkpointer("postgres", dsn, settings=settings) as saver:
+        engine = saver.backend.engine
+        select = "SELECT %(k)s::integer"
+
+        def failing() -> Any:  # a duplicate key, then the statement it would prepare
+            yield Batch((Sql("INSERT INTO coalesced VALUES (0)", {}), Sql(select, {"k": -1})))
+
+        await saver.aget_tuple({"configurable": {"thread_id": "nothing"}})  # the pool is open
+        (pool,) = engine._async_pools.values()
+        requests = pool.get_stats().get("requests_num", 0)
+        calls = [engine.arun(_statement(select, k=k), write=True, atomic=False) for k in range(10)]
+        failed, *answered = await asyncio.gather(
+            engine.arun(failing, write=True, atomic=False), *calls, return_exceptions=True
+        )
+        requests = pool.get_stats().get("requests_num", 0) - requests
+    assert isinstance(failed, StorageError)
+    assert answered == [[(k,)] for k in range(10)]
+    assert requests <= 3  # the shared pipeline (and the failed round trip, sent again alone)
 
 
 def test_a_deployment_set_up_by_its_environment_can_turn_prepared_statements_off(

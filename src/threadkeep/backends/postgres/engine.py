@@ -750,8 +750,7 @@ class _Coalescer:
         """The results of ``statements`` as :func:`_send_async` gives them, or :data:`_ALONE`.
 
         Raises:
-            Exception: what dropped the connection the round trip went on (or, rarely, an
-                error of its pipeline that no statement's result explains).
+            Exception: what dropped the connection the round trip went on.
         """
         loop = asyncio.get_running_loop()
         reply: asyncio.Future[Any] = loop.create_future()
@@ -803,10 +802,10 @@ class _Coalescer:
                     # what reached the server, and what is left to read, is not known
                     await conn.close()
                     raise
-            for (waiting, results), trip in zip(sent, trips, strict=True):
-                if trip.rows is not None and not waiting.reply.done():
+            for (waiting, results), rows in zip(sent, trips, strict=True):
+                if rows is not None and not waiting.reply.done():
                     try:
-                        waiting.reply.set_result(results(trip.rows))
+                        waiting.reply.set_result(results(rows))
                     except Exception as error:  # shaping its rows failed: its own failure
                         waiting.reply.set_exception(error)
         except Exception as error:

@@ -30,15 +30,17 @@ from psycopg.adapt import PyFormat, Transformer
 # psycopg's own non-blocking exchanges (in C with psycopg_binary), as its pipelines use them.
 from psycopg.generators import fetch_many, send
 
-__all__ = ["WirePipeline", "WireTrip"]
+__all__ = ["WirePipeline"]
 
-_PLACEHOLDER = re.compile(r"%\((\w+)\)([sbt])|%%|%")
+_PLACEHOLDER = re.compile(r"%\(([^)]+)\)([sbt])|%%|%")
 _OK: Final = (pq.ExecStatus.TUPLES_OK, pq.ExecStatus.COMMAND_OK)
 _ROWS: Final = pq.ExecStatus.TUPLES_OK
 _SYNC: Final = pq.ExecStatus.PIPELINE_SYNC
 _FAILED: Final = pq.ExecStatus.FATAL_ERROR
+_SQLSTATE: Final = pq.DiagnosticField.SQLSTATE
+_UNKNOWN_NAME: Final = b"26000"  # invalid_sql_statement_name: a prepared statement that is gone
 _BINARY: Final = pq.Format.BINARY
-# Statements prepared per connection at most; past it, new ones run unprepared.
+# Statements prepared (and counted) per connection at most; past it, new ones run unprepared.
 _MOST_PREPARED: Final = 128
 
 
@@ -96,16 +98,6 @@ class Prepared:
 _PREPARED: weakref.WeakKeyDictionary[psycopg.AsyncConnection[Any], Prepared] = weakref.WeakKeyDictionary()
 
 
-@dataclass(slots=True)
-class WireTrip:
-    """What one round trip of a pipeline got back: each statement's rows (``[]`` for none),
-    or, if a statement failed (or was skipped after one that did), ``None`` with the
-    errors its statements raised."""
-
-    rows: list[list[Any]] | None
-    errors: list[psycopg.Error] = field(default_factory=list)
-
-
 # What a round trip expects back, in order: a prepare's key, or None for a statement.
 _Slot = tuple[bytes, tuple[int, ...]] | None
 
@@ -135,7 +127,11 @@ class WirePipeline:
         """Queue one round trip: ``statements`` (``Sql``: ``sql`` and ``params``), then a
         Sync; ``prepare(sql)`` is psycopg's ``prepare`` for each. False, with nothing
         queued, if a statement's parameters cannot be sent (the round trip goes alone,
-        where its error takes its usual path)."""
+        where its error takes its usual path).
+
+        The statements it prepares now are prepared first, ahead of its statements: a
+        statement that fails skips what follows it up to the Sync, and a later round trip
+        of the pipeline may already run what this one prepares."""
         dumped = []
         try:
             for statement in statements:
@@ -149,8 +145,8 @@ class WirePipeline:
         except Exception:
             return False
         slots: list[_Slot] = []
-        for query, values, types, formats, preparing in dumped:
-            name = self._name(query, types, preparing, slots)
+        names = [self._name(query, types, preparing, slots) for query, _, types, _, preparing in dumped]
+        for (query, values, types, formats, _), name in zip(dumped, names, strict=True):
             if name is None:
                 self.pgconn.send_query_params(
                     query, values, param_types=types, param_formats=formats, result_format=_BINARY
@@ -165,16 +161,20 @@ class WirePipeline:
     def _name(
         self, query: bytes, types: tuple[int, ...], preparing: bool | None, slots: list[_Slot]
     ) -> bytes | None:
-        """The prepared statement to run ``query`` as (prepared now if it is due), or None."""
+        """The prepared statement to run ``query`` as, or None; one that is due is
+        prepared now (its Parse sent, its key added to ``slots``)."""
+        if preparing is False or self.threshold is None:
+            return None
         key = (query, types)
         prepared = self.prepared
         name = prepared.names.get(key)
-        if name is not None or preparing is False or self.threshold is None:
+        if name is not None:
             return name
         if preparing is None:
             runs = prepared.runs.get(key, 0)
             if runs < self.threshold:
-                prepared.runs[key] = runs + 1
+                if len(prepared.runs) < _MOST_PREPARED:
+                    prepared.runs[key] = runs + 1
                 return None
         if len(prepared.names) >= _MOST_PREPARED:
             return None
@@ -203,18 +203,23 @@ class WirePipeline:
         """Leave pipeline mode, every result read."""
         self.pgconn.exit_pipeline_mode()
 
-    def judge(self, groups: list[list[Any]]) -> list[WireTrip]:
-        """Each round trip's outcome from ``groups`` (what :meth:`exchange` read).
+    def judge(self, groups: list[list[Any]]) -> list[list[list[Any]] | None]:
+        """Each round trip's statements' rows (``[]`` for a statement without), from
+        ``groups`` (what :meth:`exchange` read), or None for a round trip that rolled back:
+        one whose statement failed, or was skipped after a failure, or whose COMMIT at its
+        Sync failed (an error after its statements' results: a deferred constraint, or a
+        serialization failure where the server's default isolation is not READ COMMITTED).
 
-        A round trip whose statement failed, or whose COMMIT at its Sync did (an error
-        after its statements' results: a deferred constraint, or a serialization failure
-        where the server's default isolation is not READ COMMITTED), rolled back alone.
+        A statement that ran under a name the server no longer knows (a ``DEALLOCATE ALL``
+        on the connection: psycopg sends one after some statements, a ``ROLLBACK`` among
+        them) makes the connection forget every name: the next statements are prepared again.
 
         Raises:
             psycopg.OperationalError: a round trip got fewer results than it sent
                 statements (never, from a server that follows the protocol).
         """
-        trips: list[WireTrip] = []
+        trips: list[list[list[Any]] | None] = []
+        prepared = self.prepared
         at = 0
         for slots in self.trips:
             end = at
@@ -223,23 +228,22 @@ class WirePipeline:
             segment, at = groups[at:end], end + 1
             if len(segment) < len(slots):
                 raise psycopg.OperationalError("a pipeline's results are out of step with its statements")
-            trip = WireTrip([])
+            rows: list[list[Any]] | None = (
+                [] if len(segment) == len(slots) else None
+            )  # else: its COMMIT failed
             for slot, group in zip(slots, segment, strict=False):
-                if group[-1].status not in _OK:
-                    trip.rows = None
-                    if slot is not None:  # its prepare failed: the name was never made
-                        self.prepared.names.pop(slot, None)
-                elif slot is None and trip.rows is not None:
-                    trip.rows.append(self._rows(group[-1]))
-            if len(segment) > len(slots):  # its COMMIT failed
-                trip.rows = None
-            trip.errors.extend(
-                psycopg.errors.error_from_result(result, encoding=self.encoding)
-                for group in segment
-                for result in group
-                if result.status == _FAILED
-            )
-            trips.append(trip)
+                result = group[-1]
+                if result.status in _OK:
+                    if slot is None and rows is not None:
+                        rows.append(self._rows(result))
+                    continue
+                rows = None
+                if slot is not None:  # its Parse failed: the name was never made
+                    prepared.names.pop(slot, None)
+                elif result.status == _FAILED and result.error_field(_SQLSTATE) == _UNKNOWN_NAME:
+                    prepared.names.clear()
+                    prepared.runs.clear()
+            trips.append(rows)
         return trips
 
     def _rows(self, result: Any) -> list[Any]:
