@@ -12,7 +12,7 @@ import builtins
 import copy
 import random
 import time
-from collections.abc import AsyncIterator, Callable, Collection, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Literal, Protocol, TypeVar
@@ -190,8 +190,8 @@ class ThreadkeepSaver(BaseCheckpointSaver[str]):
     def _run(self, make: ProgramFactory[T], *, write: bool = False, atomic: bool = True) -> T:
         return self.backend.engine.run(make, write=write, atomic=atomic)
 
-    async def _arun(self, make: ProgramFactory[T], *, write: bool = False, atomic: bool = True) -> T:
-        return await self.backend.engine.arun(make, write=write, atomic=atomic)
+    def _arun(self, make: ProgramFactory[T], *, write: bool = False, atomic: bool = True) -> Awaitable[T]:
+        return self.backend.engine.arun(make, write=write, atomic=atomic)
 
     def _actor(self) -> Actor:
         return actor_for(None, isolate=self.enforce_user_isolation)

@@ -146,6 +146,8 @@ class PostgresEngine:
     ) -> None:
         self.conninfo = conninfo
         self.planned_once = planned_once or _NONE_PLANNED
+        # what a read's and a write's statements are prepared as (one of each, for every call)
+        self._preparing = (_Preparing(False, self.planned_once), _Preparing(True, self.planned_once))
         self.retry = retry
         self.options = options or PoolOptions()
         self._given_pool = pool
@@ -256,16 +258,14 @@ class PostgresEngine:
         each statement sees its own snapshot either way, and a one-statement read then costs
         one round trip)."""
         return self._retrying(
-            lambda: self._once(
-                make, self._sync_pool().connection(), write and atomic, _Preparing(write, self.planned_once)
-            )
+            lambda: self._once(make, self._sync_pool().connection(), write and atomic, self._preparing[write])
         )
 
     def setup(self, make: ProgramFactory[T]) -> T:
         """Like :meth:`run`, on a short-lived connection: the format gate and migrations run
         before any pool is needed (an application that only uses the async API never opens a
         sync pool)."""
-        prepare = _Preparing(False, self.planned_once)
+        prepare = self._preparing[False]
         return self._retrying(lambda: self._once(make, self.connect(), True, prepare))
 
     def _retrying(self, attempt: Callable[[], T]) -> T:
@@ -305,7 +305,7 @@ class PostgresEngine:
         connection of its own."""
         tries = 0
         pool: AsyncConnectionPool | None = None
-        prepare = _Preparing(write, self.planned_once)
+        prepare = self._preparing[write]
         while True:
             tries += 1
             try:
@@ -509,11 +509,19 @@ def _statements(request: Any) -> tuple[list[Sql | SqlMany], Callable[[list[Any]]
     if isinstance(request, Batch):
         fused = _fuse(request)
         if fused is not None:
-            return [fused], lambda results: _fused_results(request, results[0])
-        return list(request.requests), lambda results: results
+            return [fused], partial(_fused_reply, request)
+        return list(request.requests), _as_sent
     if isinstance(request, (Sql, SqlMany)):
-        return [request], lambda results: results[0]
+        return [request], _first
     raise TypeError(f"the postgres engine cannot run {request!r}")
+
+
+def _fused_reply(batch: Batch, results: list[Any]) -> list[Any]:
+    return _fused_results(batch, results[0])
+
+
+def _first(results: list[Any]) -> Any:
+    return results[0]
 
 
 @dataclass(frozen=True, slots=True)
@@ -663,6 +671,7 @@ _ALONE: Final = object()
 # this (for its own implicit transaction: nothing outlives it, through any pooler), and is
 # then sent again alone (_ALONE), to wait as long as it must.
 _BOUND_LOCK_WAITS: Final = "SELECT set_config('lock_timeout', '20ms', true)"
+_BOUND: Final = Sql(_BOUND_LOCK_WAITS, {})  # never changed: one for every write
 # The name of the tasks that send coalesced round trips.
 _FLUSH_TASK: Final = "threadkeep-coalescer"
 
@@ -701,7 +710,11 @@ def _answered(request: list[_Statement], inside: list[_Statement], results: _Sha
 
 def _bounded(statements: list[_Statement], results: _Shape) -> tuple[list[_Statement], _Shape]:
     """A coalesced write's statements, behind :data:`_BOUND_LOCK_WAITS`."""
-    return [Sql(_BOUND_LOCK_WAITS, {}), *statements], lambda rows: results(rows[1:])
+    return [_BOUND, *statements], partial(_after_bound, results)
+
+
+def _after_bound(results: _Shape, rows: list[Any]) -> list[Any]:
+    return results(rows[1:])
 
 
 @dataclass(slots=True)
@@ -794,7 +807,7 @@ class _Coalescer:
                         results = _answered(waiting.statements, inside, results)
                         if waiting.prepare.write:
                             statements, results = _bounded(statements, results)
-                        if pipeline.queue(statements, partial(waiting.prepare, conn)):
+                        if pipeline.queue(statements, waiting.prepare):
                             sent.append((waiting, results))
                     trips = pipeline.judge(await conn.wait(pipeline.exchange()))
                     pipeline.end()

@@ -123,9 +123,13 @@ class WirePipeline:
         self.trips: list[list[_Slot]] = []
         self.pgconn.enter_pipeline_mode()
 
-    def queue(self, statements: Sequence[Any], prepare: Callable[[str], bool | None]) -> bool:
+    def queue(
+        self,
+        statements: Sequence[Any],
+        prepare: Callable[[psycopg.AsyncConnection[Any], str], bool | None],
+    ) -> bool:
         """Queue one round trip: ``statements`` (``Sql``: ``sql`` and ``params``), then a
-        Sync; ``prepare(sql)`` is psycopg's ``prepare`` for each. False, with nothing
+        Sync; ``prepare(conn, sql)`` is psycopg's ``prepare`` for each. False, with nothing
         queued, if a statement's parameters cannot be sent (the round trip goes alone,
         where its error takes its usual path).
 
@@ -141,7 +145,9 @@ class WirePipeline:
                     list(map(params.__getitem__, converted.names)), converted.formats
                 )
                 types = self.tx.types or ()
-                dumped.append((converted.query, values, types, self.tx.formats, prepare(statement.sql)))
+                dumped.append(
+                    (converted.query, values, types, self.tx.formats, prepare(self.conn, statement.sql))
+                )
         except Exception:
             return False
         slots: list[_Slot] = []
