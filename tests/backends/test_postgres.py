@@ -816,12 +816,15 @@ async def test_a_coalesced_round_trip_whose_parameters_cannot_be_sent_goes_alone
     assert requests <= 4  # the shared pipelines, and the unsendable call alone
 
 
-async def _prepared_statements(engine: Any) -> list[str]:
-    """The statements the engine's shared pipelines prepared on its pool's one connection
-    (read in a transaction, which is never coalesced: it runs on that connection alone)."""
-    names = "SELECT statement FROM pg_prepared_statements WHERE name LIKE %(prefix)s ORDER BY name"
-    rows = await engine.arun(_statement(names, prefix=r"\_tk%"), write=True)
-    return [statement for (statement,) in rows]
+async def _prepared_statements(engine: Any) -> list[tuple[str, int]]:
+    """The statements the engine's shared pipelines prepared on its pool's one connection,
+    and how often each ran by its name (read in a transaction, which is never coalesced:
+    it runs on that connection alone)."""
+    names = (
+        "SELECT statement, generic_plans + custom_plans FROM pg_prepared_statements"
+        " WHERE name LIKE %(prefix)s ORDER BY name"
+    )
+    return await engine.arun(_statement(names, prefix=r"\_tk%"), write=True)  # type: ignore[no-any-return]
 
 
 @pytest.mark.parametrize("threshold", [0, 2, None])
@@ -839,12 +842,12 @@ async def test_coalesced_statements_are_prepared_once_they_ran_prepare_threshold
         for k in range(4):
             # a write's round trip: the lock wait bound, then the statement
             assert await engine.arun(_statement(select, k=k), write=True, atomic=False) == [(k,)]
-            prepared.append(len(await _prepared_statements(engine)))
+            prepared.append(sorted(runs for _, runs in await _prepared_statements(engine)))
     if threshold is None:
-        assert prepared == [0, 0, 0, 0]
+        assert prepared == [[], [], [], []]
     else:
-        # both prepared at the run after their first ``threshold`` runs
-        assert prepared == [2 if run >= threshold else 0 for run in range(4)]
+        # both prepared at the run after their first ``threshold`` runs, and run by name since
+        assert prepared == [[run + 1 - threshold] * 2 if run >= threshold else [] for run in range(4)]
 
 
 async def test_coalesced_statements_are_prepared_again_after_their_names_were_dropped(provider: Any) -> None:
@@ -887,14 +890,13 @@ async def test_coalesced_statements_are_prepared_again_after_their_names_were_dr
         assert len(await _prepared_statements(engine)) == 2  # prepared again
 
 
-async def test_a_statement_prepared_in_a_round_trip_that_fails_serves_the_round_trips_after_it(
+async def test_a_statement_prepared_in_a_round_trip_that_fails_fails_no_round_trip_after_it(
     provider: Any,
 ) -> None:
-    """A round trip prepares a statement it runs for the first time; the round trips after it
-    in the same shared pipeline run that prepared statement. The Parse goes ahead of the
-    round trip's statements, so a statement of it that fails (which skips what follows it up
-    to its Sync) does not take the prepared statement from the others: they are answered
-    from the pipeline."""
+    """A round trip prepares a statement it runs for the first time, and a statement of it
+    before the Parse fails, which skips the Parse: the round trips after it in the same
+    shared pipeline, which run the same statement, do not depend on that Parse (they run it
+    unprepared), so they are answered from the pipeline."""
     from threadkeep import StorageError
     from threadkeep.core.program import Batch, Sql
 
@@ -921,6 +923,43 @@ async def test_a_statement_prepared_in_a_round_trip_that_fails_serves_the_round_
     assert isinstance(failed, StorageError)
     assert answered == [[(k,)] for k in range(10)]
     assert requests <= 3  # the shared pipeline (and the failed round trip, sent again alone)
+
+
+async def test_a_statement_due_to_be_prepared_waits_for_a_table_lock_no_longer_than_its_bound(
+    provider: Any,
+) -> None:
+    """A statement prepared in a shared pipeline takes its table locks when it is parsed: its
+    Parse goes behind the write's lock wait bound, so a round trip whose table another
+    transaction locks gives up its place after the bound and waits alone, and the round
+    trips sent with it are answered meanwhile."""
+    dsn = postgres_schema(uuid.uuid4().hex)
+    with connect(dsn) as conn:
+        conn.execute("CREATE TABLE coalesced (k INTEGER PRIMARY KEY)")
+        conn.execute("CREATE TABLE other (k INTEGER PRIMARY KEY)")
+    # every statement is prepared at its first run, on connections that prepared nothing yet
+    settings = Settings(pool_min_size=1, pool_max_size=2, prepare_threshold=0)
+    with open_checkpointer("postgres", dsn, settings=settings) as saver:
+        engine = saver.backend.engine
+        await saver.aget_tuple({"configurable": {"thread_id": "nothing"}})  # the pool is open
+        holder = connect(dsn)
+        holder.autocommit = False
+        holder.execute("LOCK TABLE coalesced IN SHARE MODE")  # lets reads through, stops writes
+        try:
+            blocked = asyncio.ensure_future(
+                engine.arun(
+                    _statement("INSERT INTO coalesced VALUES (%(k)s) RETURNING k", k=1),
+                    write=True,
+                    atomic=False,
+                )
+            )
+            insert = "INSERT INTO other VALUES (%(k)s) RETURNING k"
+            others = [engine.arun(_statement(insert, k=k), write=True, atomic=False) for k in range(10)]
+            assert await asyncio.wait_for(asyncio.gather(*others), 5) == [[(k,)] for k in range(10)]
+            assert not blocked.done()
+        finally:
+            holder.rollback()
+            holder.close()
+        assert await asyncio.wait_for(blocked, 5) == [(1,)]
 
 
 def test_a_deployment_set_up_by_its_environment_can_turn_prepared_statements_off(

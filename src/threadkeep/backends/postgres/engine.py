@@ -705,7 +705,11 @@ def _answered(request: list[_Statement], inside: list[_Statement], results: _Sha
     """How the results of ``inside`` (:func:`_inside` of ``request``) make ``request``'s."""
     if inside is request:
         return results
-    return lambda rows: ["BEGIN", *results(rows), _COMMIT]
+    return partial(_in_transaction, results)
+
+
+def _in_transaction(results: _Shape, rows: list[Any]) -> list[Any]:
+    return ["BEGIN", *results(rows), _COMMIT]
 
 
 def _bounded(statements: list[_Statement], results: _Shape) -> tuple[list[_Statement], _Shape]:
@@ -763,7 +767,8 @@ class _Coalescer:
         """The results of ``statements`` as :func:`_send_async` gives them, or :data:`_ALONE`.
 
         Raises:
-            Exception: what dropped the connection the round trip went on.
+            Exception: what failed the whole pipeline the round trip went on (a dropped
+                connection, the pool's timeout, a closed store).
         """
         loop = asyncio.get_running_loop()
         reply: asyncio.Future[Any] = loop.create_future()

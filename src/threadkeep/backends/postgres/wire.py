@@ -7,11 +7,12 @@ pass through psycopg's prepared-statement bookkeeping and a send of its own: mos
 shared pipeline's client CPU, for a few rows of results. :class:`WirePipeline` queues the
 statements on the connection's ``PGconn`` in pipeline mode instead, dumps their parameters
 with one psycopg ``Transformer`` (so every value is adapted exactly as psycopg adapts it),
-sends everything at once and reads the results back by position: each round trip's
-statements, then its Sync.
+sends what libpq has not sent yet once every round trip is queued, and reads the results
+back by position: each round trip's statements, then its Sync.
 
-Statements become prepared statements as psycopg's own would (:class:`Prepared`), under
-names of their own (``_tk<n>``), kept per connection.
+A statement becomes a prepared statement once it ran the connection's
+``prepare_threshold`` times (:class:`Prepared`), under a name of its own (``_tk<n>``), kept
+per connection.
 """
 
 from __future__ import annotations
@@ -121,6 +122,8 @@ class WirePipeline:
             prepared = _PREPARED[conn] = Prepared()
         self.prepared = prepared
         self.trips: list[list[_Slot]] = []
+        # the statements this pipeline prepares, by key: named once their Parse succeeded
+        self.parsing: dict[tuple[bytes, tuple[int, ...]], bytes] = {}
         self.pgconn.enter_pipeline_mode()
 
     def queue(
@@ -133,9 +136,11 @@ class WirePipeline:
         queued, if a statement's parameters cannot be sent (the round trip goes alone,
         where its error takes its usual path).
 
-        The statements it prepares now are prepared first, ahead of its statements: a
-        statement that fails skips what follows it up to the Sync, and a later round trip
-        of the pipeline may already run what this one prepares."""
+        A statement due to be prepared is prepared just before it runs, behind the round
+        trip's statements before it (a write's lock wait bound: a Parse takes its table
+        locks too). No other round trip of the pipeline runs it by that name (a failure
+        before the Parse skips it): the name serves the pipelines after this one, once
+        :meth:`judge` saw the Parse succeed."""
         dumped = []
         try:
             for statement in statements:
@@ -151,8 +156,8 @@ class WirePipeline:
         except Exception:
             return False
         slots: list[_Slot] = []
-        names = [self._name(query, types, preparing, slots) for query, _, types, _, preparing in dumped]
-        for (query, values, types, formats, _), name in zip(dumped, names, strict=True):
+        for query, values, types, formats, preparing in dumped:
+            name = self._name(query, types, preparing, slots)
             if name is None:
                 self.pgconn.send_query_params(
                     query, values, param_types=types, param_formats=formats, result_format=_BINARY
@@ -174,19 +179,19 @@ class WirePipeline:
         key = (query, types)
         prepared = self.prepared
         name = prepared.names.get(key)
-        if name is not None:
+        if name is not None or key in self.parsing:
             return name
         if preparing is None:
             runs = prepared.runs.get(key, 0)
             if runs < self.threshold:
-                if len(prepared.runs) < _MOST_PREPARED:
-                    prepared.runs[key] = runs + 1
+                if len(prepared.runs) >= _MOST_PREPARED:  # one-off statements: start over
+                    prepared.runs.clear()
+                prepared.runs[key] = runs + 1
                 return None
-        if len(prepared.names) >= _MOST_PREPARED:
+        if len(prepared.names) + len(self.parsing) >= _MOST_PREPARED:
             return None
         prepared.serial += 1
-        name = prepared.names[key] = b"_tk%d" % prepared.serial
-        prepared.runs.pop(key, None)
+        name = self.parsing[key] = b"_tk%d" % prepared.serial
         self.pgconn.send_prepare(name, query, param_types=types)
         slots.append(key)
         return name
@@ -218,14 +223,16 @@ class WirePipeline:
 
         A statement that ran under a name the server no longer knows (a ``DEALLOCATE ALL``
         on the connection: psycopg sends one after some statements, a ``ROLLBACK`` among
-        them) makes the connection forget every name: the next statements are prepared again.
+        them) makes the connection forget the names of earlier pipelines, and their
+        statements are prepared again; the statements this pipeline prepared are named.
 
         Raises:
             psycopg.OperationalError: a round trip got fewer results than it sent
                 statements (never, from a server that follows the protocol).
         """
         trips: list[list[list[Any]] | None] = []
-        prepared = self.prepared
+        parsed: list[tuple[bytes, tuple[int, ...]]] = []
+        forget = False
         at = 0
         for slots in self.trips:
             end = at
@@ -240,16 +247,22 @@ class WirePipeline:
             for slot, group in zip(slots, segment, strict=False):
                 result = group[-1]
                 if result.status in _OK:
-                    if slot is None and rows is not None:
+                    if slot is not None:
+                        parsed.append(slot)
+                    elif rows is not None:
                         rows.append(self._rows(result))
                     continue
                 rows = None
-                if slot is not None:  # its Parse failed: the name was never made
-                    prepared.names.pop(slot, None)
-                elif result.status == _FAILED and result.error_field(_SQLSTATE) == _UNKNOWN_NAME:
-                    prepared.names.clear()
-                    prepared.runs.clear()
+                if result.status == _FAILED and result.error_field(_SQLSTATE) == _UNKNOWN_NAME:
+                    forget = True
             trips.append(rows)
+        prepared = self.prepared
+        if forget:  # names of earlier pipelines are gone (this one's own ran under none)
+            prepared.names.clear()
+            prepared.runs.clear()
+        for key in parsed:
+            prepared.names[key] = self.parsing[key]
+            prepared.runs.pop(key, None)
         return trips
 
     def _rows(self, result: Any) -> list[Any]:
