@@ -962,6 +962,34 @@ async def test_a_statement_due_to_be_prepared_waits_for_a_table_lock_no_longer_t
         assert await asyncio.wait_for(blocked, 5) == [(1,)]
 
 
+async def test_shared_pipelines_send_text_in_the_connections_client_encoding(provider: Any) -> None:
+    """Shared round trips go out on libpq with their queries and text parameters in the
+    connection's client encoding, as psycopg's own cursors send them: concurrent runs of
+    threads named (and holding messages) outside ASCII, on connections whose client
+    encoding is LATIN1, read back what they stored."""
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+    dsn = postgres_schema(uuid.uuid4().hex)
+    options = f"{conninfo_to_dict(dsn)['options']} -c client_encoding=LATIN1"
+    latin1 = make_conninfo(dsn, options=options)
+    with connect(latin1) as probe:
+        assert probe.execute("SHOW client_encoding").fetchone() == ("LATIN1",)
+    threads = [f"tâche-{i}" for i in range(8)]
+    with open_checkpointer("postgres", latin1, settings=Settings(pool_max_size=4)) as saver:
+        graph = build_agent(saver)
+        finals = await asyncio.gather(
+            *(graph.ainvoke(turn_input(0), {"configurable": {"thread_id": thread}}) for thread in threads)
+        )
+        states = [await saver.aget_tuple({"configurable": {"thread_id": thread}}) for thread in threads]
+    for thread, final, state in zip(threads, finals, states, strict=True):
+        assert state is not None
+        assert state.config["configurable"]["thread_id"] == thread
+        assert state.checkpoint["channel_values"]["messages"] == final["messages"]
+    with connect(dsn) as conn:
+        stored = {thread for (thread,) in conn.execute("SELECT thread_id FROM tk_threads")}
+    assert stored == set(threads)
+
+
 def test_a_deployment_set_up_by_its_environment_can_turn_prepared_statements_off(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
