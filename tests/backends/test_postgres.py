@@ -12,6 +12,7 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -538,6 +539,32 @@ def test_typed_array_parameters_reach_the_server_as_the_lists_they_wrap(provider
         conn.execute("SELECT %(n)b::integer[]", typed_arrays("SELECT %(n)b::integer[]", {"n": [2**31]}))
 
 
+class _Coalescing:
+    """A Postgres saver's engine on a fresh schema, its async pool open, and how many
+    connections that pool has lent so far (a shared pipeline takes one for all its round
+    trips; a round trip sent again alone, one more)."""
+
+    def __init__(self, engine: Any, dsn: str) -> None:
+        self.engine, self.dsn = engine, dsn
+        (self.pool,) = engine._async_pools.values()
+
+    def checkouts(self) -> int:
+        return int(self.pool.get_stats().get("requests_num", 0))
+
+
+@contextlib.asynccontextmanager
+async def _coalescing(*statements: str, **settings: Any) -> AsyncIterator[_Coalescing]:
+    """:class:`_Coalescing` on a schema ``statements`` set up, with ``settings`` (a pool of
+    at most 4 connections unless they say otherwise)."""
+    dsn = postgres_schema(uuid.uuid4().hex)
+    with connect(dsn) as conn:
+        for statement in statements:
+            conn.execute(statement)
+    with open_checkpointer("postgres", dsn, settings=Settings(**{"pool_max_size": 4, **settings})) as saver:
+        await saver.aget_tuple({"configurable": {"thread_id": "nothing"}})  # the pool is open
+        yield _Coalescing(saver.backend.engine, dsn)
+
+
 def _statement(sql: str, **params: Any) -> Any:
     """A program of one statement, whose rows it returns (run ``atomic=False``: the
     statement is its transaction, as a ``put_writes``'s is)."""
@@ -557,14 +584,8 @@ async def test_concurrent_calls_share_round_trips_and_each_commits_or_fails_alon
 
     from threadkeep import StorageError
 
-    dsn = postgres_schema(uuid.uuid4().hex)
-    with connect(dsn) as conn:
-        conn.execute("CREATE TABLE coalesced (k INTEGER PRIMARY KEY)")
-    with open_checkpointer("postgres", dsn, settings=Settings(pool_max_size=4)) as saver:
-        engine = saver.backend.engine
-        await saver.aget_tuple({"configurable": {"thread_id": "nothing"}})  # the pool is open
-        (pool,) = engine._async_pools.values()
-        before = pool.get_stats().get("requests_num", 0)
+    async with _coalescing("CREATE TABLE coalesced (k INTEGER PRIMARY KEY)") as store:
+        engine, dsn, before = store.engine, store.dsn, store.checkouts()
         # the failing call first: its error reaches psycopg while the others are queued
         twice = engine.arun(
             _statement("INSERT INTO coalesced VALUES (1000), (1000)"), write=True, atomic=False
@@ -572,7 +593,7 @@ async def test_concurrent_calls_share_round_trips_and_each_commits_or_fails_alon
         insert = "INSERT INTO coalesced VALUES (%(k)s) RETURNING k"
         inserts = [engine.arun(_statement(insert, k=k), write=True, atomic=False) for k in range(20)]
         failed, *stored = await asyncio.gather(twice, *inserts, return_exceptions=True)
-        requests = pool.get_stats().get("requests_num", 0) - before
+        requests = store.checkouts() - before
     assert stored == [[(k,)] for k in range(20)]
     assert isinstance(failed, StorageError)
     assert isinstance(failed.__cause__, psycopg.errors.UniqueViolation)
@@ -681,13 +702,9 @@ async def test_w4_a_connection_dropped_under_coalesced_calls_retries_each(provid
     that terminates its backend at every try fails with StorageError."""
     from threadkeep import StorageError
 
-    dsn = postgres_schema(uuid.uuid4().hex)
-    with connect(dsn) as conn:
-        conn.execute("CREATE TABLE coalesced (k INTEGER PRIMARY KEY)")
-    settings = Settings(pool_max_size=4, retry_attempts=3, retry_backoff_seconds=0.01)
-    with open_checkpointer("postgres", dsn, settings=settings) as saver:
-        engine = saver.backend.engine
-        await saver.aget_tuple({"configurable": {"thread_id": "nothing"}})
+    table = "CREATE TABLE coalesced (k INTEGER PRIMARY KEY)"
+    async with _coalescing(table, retry_attempts=3, retry_backoff_seconds=0.01) as store:
+        engine, dsn = store.engine, store.dsn
         insert = "INSERT INTO coalesced VALUES (%(k)s) ON CONFLICT DO NOTHING"
         calls = [engine.arun(_statement(insert, k=k), write=True, atomic=False) for k in range(10)]
         kill = engine.arun(
@@ -722,9 +739,6 @@ async def test_a_coalesced_transaction_of_one_round_trip_stays_whole(provider: A
     from threadkeep import StorageError
     from threadkeep.core.program import Batch, Sql
 
-    dsn = postgres_schema(uuid.uuid4().hex)
-    with connect(dsn) as conn:
-        conn.execute("CREATE TABLE coalesced (k INTEGER PRIMARY KEY)")
     insert = "INSERT INTO coalesced VALUES (%(k)s)"
 
     def pair(first: int, second: int) -> Any:
@@ -734,15 +748,12 @@ async def test_a_coalesced_transaction_of_one_round_trip_stays_whole(provider: A
 
         return program
 
-    with open_checkpointer("postgres", dsn, settings=Settings(pool_max_size=4)) as saver:
-        engine = saver.backend.engine
-        await saver.aget_tuple({"configurable": {"thread_id": "nothing"}})
-        (pool,) = engine._async_pools.values()
-        before = pool.get_stats().get("requests_num", 0)
+    async with _coalescing("CREATE TABLE coalesced (k INTEGER PRIMARY KEY)") as store:
+        engine, dsn, before = store.engine, store.dsn, store.checkouts()
         failing = engine.arun(pair(100, 100), write=True)  # its second insert fails
         pairs = [engine.arun(pair(k, k + 50), write=True) for k in range(10)]
         failed, *stored = await asyncio.gather(failing, *pairs, return_exceptions=True)
-        requests = pool.get_stats().get("requests_num", 0) - before
+        requests = store.checkouts() - before
     assert stored == list(range(10))
     assert isinstance(failed, StorageError)
     with connect(dsn) as conn:
@@ -760,14 +771,9 @@ async def test_a_coalesced_round_trip_whose_commit_fails_rolls_back_alone(provid
 
     from threadkeep import StorageError
 
-    dsn = postgres_schema(uuid.uuid4().hex)
-    with connect(dsn) as conn:
-        conn.execute("CREATE TABLE coalesced (k INTEGER, UNIQUE (k) DEFERRABLE INITIALLY DEFERRED)")
-    with open_checkpointer("postgres", dsn, settings=Settings(pool_max_size=4)) as saver:
-        engine = saver.backend.engine
-        await saver.aget_tuple({"configurable": {"thread_id": "nothing"}})  # the pool is open
-        (pool,) = engine._async_pools.values()
-        requests = pool.get_stats().get("requests_num", 0)
+    table = "CREATE TABLE coalesced (k INTEGER, UNIQUE (k) DEFERRABLE INITIALLY DEFERRED)"
+    async with _coalescing(table) as store:
+        engine, dsn, requests = store.engine, store.dsn, store.checkouts()
         insert = "INSERT INTO coalesced VALUES (%(k)s) RETURNING k"
         before = [engine.arun(_statement(insert, k=k), write=True, atomic=False) for k in range(10)]
         # each statement succeeds; the constraint is checked at the commit
@@ -777,7 +783,7 @@ async def test_a_coalesced_round_trip_whose_commit_fails_rolls_back_alone(provid
         after = [engine.arun(_statement(insert, k=k), write=True, atomic=False) for k in range(10, 20)]
         # queued in this order: the failing round trip has others before and after it
         results = await asyncio.gather(*before, twice, *after, return_exceptions=True)
-        requests = pool.get_stats().get("requests_num", 0) - requests
+        requests = store.checkouts() - requests
     failed = results.pop(10)
     assert results == [[(k,)] for k in range(20)]
     # the shared pipelines, and the failed round trip sent again alone: no call retried
@@ -796,19 +802,13 @@ async def test_a_coalesced_round_trip_whose_parameters_cannot_be_sent_goes_alone
 
     from threadkeep import StorageError
 
-    dsn = postgres_schema(uuid.uuid4().hex)
-    with connect(dsn) as conn:
-        conn.execute("CREATE TABLE coalesced (k INTEGER PRIMARY KEY)")
-    with open_checkpointer("postgres", dsn, settings=Settings(pool_max_size=4)) as saver:
-        engine = saver.backend.engine
-        await saver.aget_tuple({"configurable": {"thread_id": "nothing"}})
-        (pool,) = engine._async_pools.values()
-        requests = pool.get_stats().get("requests_num", 0)
+    async with _coalescing("CREATE TABLE coalesced (k INTEGER PRIMARY KEY)") as store:
+        engine, requests = store.engine, store.checkouts()
         insert = "INSERT INTO coalesced VALUES (%(k)s) RETURNING k"
         calls = [engine.arun(_statement(insert, k=k), write=True, atomic=False) for k in range(20)]
         unsendable = engine.arun(_statement(insert, k=object()), write=True, atomic=False)
         results = await asyncio.gather(*calls[:10], unsendable, *calls[10:], return_exceptions=True)
-        requests = pool.get_stats().get("requests_num", 0) - requests
+        requests = store.checkouts() - requests
     failed = results.pop(10)
     assert results == [[(k,)] for k in range(20)]
     assert isinstance(failed, StorageError)
@@ -858,12 +858,9 @@ async def test_coalesced_statements_are_prepared_again_after_their_names_were_dr
     from threadkeep import StorageError
     from threadkeep.core.program import Batch, Sql
 
-    dsn = postgres_schema(uuid.uuid4().hex)
-    with connect(dsn) as conn:
-        conn.execute("CREATE TABLE coalesced (k INTEGER PRIMARY KEY)")
-    settings = Settings(pool_min_size=1, pool_max_size=1, prepare_threshold=0)
-    with open_checkpointer("postgres", dsn, settings=settings) as saver:
-        engine = saver.backend.engine
+    table = "CREATE TABLE coalesced (k INTEGER PRIMARY KEY)"
+    async with _coalescing(table, pool_min_size=1, pool_max_size=1, prepare_threshold=0) as store:
+        engine = store.engine
         insert = "INSERT INTO coalesced VALUES (%(k)s) RETURNING k"
 
         async def inserts(keys: range) -> list[Any]:
@@ -871,8 +868,15 @@ async def test_coalesced_statements_are_prepared_again_after_their_names_were_dr
                 *(engine.arun(_statement(insert, k=k), write=True, atomic=False) for k in keys)
             )
 
+        async def prepared() -> list[str]:  # the inserts' (the state read's are prepared too)
+            return sorted(
+                statement
+                for statement, _ in await _prepared_statements(engine)
+                if "coalesced" in statement or "lock_timeout" in statement
+            )
+
         assert await inserts(range(5)) == [[(k,)] for k in range(5)]
-        assert len(await _prepared_statements(engine)) == 2
+        assert len(await prepared()) == 2
 
         def failing() -> Any:  # a lone transaction psycopg rolls back
             yield Batch((Sql("SELECT 1", {}), Sql("SELECT 1/0", {})))
@@ -883,11 +887,10 @@ async def test_coalesced_statements_are_prepared_again_after_their_names_were_dr
 
         # their names were gone: these went alone, and the connection forgot the names
         assert await inserts(range(5, 10)) == [[(k,)] for k in range(5, 10)]
-        (pool,) = engine._async_pools.values()
-        requests = pool.get_stats().get("requests_num", 0)
+        requests = store.checkouts()
         assert await inserts(range(10, 30)) == [[(k,)] for k in range(10, 30)]
-        assert pool.get_stats().get("requests_num", 0) - requests <= 3  # shared again
-        assert len(await _prepared_statements(engine)) == 2  # prepared again
+        assert store.checkouts() - requests <= 3  # shared again
+        assert len(await prepared()) == 2  # prepared again
 
 
 async def test_a_statement_prepared_in_a_round_trip_that_fails_fails_no_round_trip_after_it(
@@ -900,26 +903,19 @@ async def test_a_statement_prepared_in_a_round_trip_that_fails_fails_no_round_tr
     from threadkeep import StorageError
     from threadkeep.core.program import Batch, Sql
 
-    dsn = postgres_schema(uuid.uuid4().hex)
-    with connect(dsn) as conn:
-        conn.execute("CREATE TABLE coalesced (k INTEGER PRIMARY KEY)")
-        conn.execute("INSERT INTO coalesced VALUES (0)")
-    settings = Settings(pool_min_size=1, pool_max_size=1, prepare_threshold=0)
-    with open_checkpointer("postgres", dsn, settings=settings) as saver:
-        engine = saver.backend.engine
-        select = "SELECT %(k)s::integer"
+    select = "SELECT %(k)s::integer"
 
-        def failing() -> Any:  # a duplicate key, then the statement it would prepare
-            yield Batch((Sql("INSERT INTO coalesced VALUES (0)", {}), Sql(select, {"k": -1})))
+    def failing() -> Any:  # a duplicate key, then the statement it would prepare
+        yield Batch((Sql("INSERT INTO coalesced VALUES (0)", {}), Sql(select, {"k": -1})))
 
-        await saver.aget_tuple({"configurable": {"thread_id": "nothing"}})  # the pool is open
-        (pool,) = engine._async_pools.values()
-        requests = pool.get_stats().get("requests_num", 0)
+    table = ("CREATE TABLE coalesced (k INTEGER PRIMARY KEY)", "INSERT INTO coalesced VALUES (0)")
+    async with _coalescing(*table, pool_min_size=1, pool_max_size=1, prepare_threshold=0) as store:
+        engine, requests = store.engine, store.checkouts()
         calls = [engine.arun(_statement(select, k=k), write=True, atomic=False) for k in range(10)]
         failed, *answered = await asyncio.gather(
             engine.arun(failing, write=True, atomic=False), *calls, return_exceptions=True
         )
-        requests = pool.get_stats().get("requests_num", 0) - requests
+        requests = store.checkouts() - requests
     assert isinstance(failed, StorageError)
     assert answered == [[(k,)] for k in range(10)]
     assert requests <= 3  # the shared pipeline (and the failed round trip, sent again alone)
