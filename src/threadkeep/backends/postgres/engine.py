@@ -346,7 +346,9 @@ class PostgresEngine:
         loop = asyncio.get_running_loop()
         coalescer = self._coalescers.get(loop)
         if coalescer is None:
-            coalescer = self._coalescers[loop] = _Coalescer(self._async_pool)
+            # the settings that go before a write or a planned read: their rows are not read
+            settings = frozenset({_BOUND_LOCK_WAITS, self.planned_once.settings} - {""})
+            coalescer = self._coalescers[loop] = _Coalescer(self._async_pool, settings)
         return coalescer
 
     def connect(self) -> psycopg.Connection[Any]:
@@ -757,8 +759,9 @@ class _Coalescer:
     IN_FLIGHT: Final = 2
     MOST: Final = 64
 
-    def __init__(self, pool: Callable[[], Awaitable[AsyncConnectionPool]]) -> None:
+    def __init__(self, pool: Callable[[], Awaitable[AsyncConnectionPool]], unread: frozenset[str]) -> None:
         self.pool = pool  # the loop's pool at each pipeline (a closed one is replaced)
+        self.unread = unread  # statements whose rows nobody reads (see WirePipeline)
         self.waiting: list[_Waiting] = []
         self.running = 0
         self.tasks: set[asyncio.Task[None]] = set()  # the running ones, kept from the collector
@@ -805,7 +808,7 @@ class _Coalescer:
             pool = await self.pool()
             async with pool.connection() as conn:
                 try:
-                    pipeline = wire.WirePipeline(conn)
+                    pipeline = wire.WirePipeline(conn, self.unread)
                     for waiting in batch:
                         inside = _inside(waiting.statements)
                         statements, results = _planned(conn, inside, waiting.prepare)
