@@ -346,9 +346,7 @@ class PostgresEngine:
         loop = asyncio.get_running_loop()
         coalescer = self._coalescers.get(loop)
         if coalescer is None:
-            # the settings that go before a write or a planned read: their rows are not read
-            settings = frozenset({_BOUND_LOCK_WAITS, self.planned_once.settings} - {""})
-            coalescer = self._coalescers[loop] = _Coalescer(self._async_pool, settings)
+            coalescer = self._coalescers[loop] = _Coalescer(self._async_pool)
         return coalescer
 
     def connect(self) -> psycopg.Connection[Any]:
@@ -759,9 +757,8 @@ class _Coalescer:
     IN_FLIGHT: Final = 2
     MOST: Final = 64
 
-    def __init__(self, pool: Callable[[], Awaitable[AsyncConnectionPool]], unread: frozenset[str]) -> None:
+    def __init__(self, pool: Callable[[], Awaitable[AsyncConnectionPool]]) -> None:
         self.pool = pool  # the loop's pool at each pipeline (a closed one is replaced)
-        self.unread = unread  # statements whose rows nobody reads (see WirePipeline)
         self.waiting: list[_Waiting] = []
         self.running = 0
         self.tasks: set[asyncio.Task[None]] = set()  # the running ones, kept from the collector
@@ -808,7 +805,7 @@ class _Coalescer:
             pool = await self.pool()
             async with pool.connection() as conn:
                 try:
-                    pipeline = wire.WirePipeline(conn, self.unread)
+                    pipeline = wire.WirePipeline(conn)
                     for waiting in batch:
                         inside = _inside(waiting.statements)
                         statements, results = _planned(conn, inside, waiting.prepare)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import functools
 import re
 import weakref
-from collections.abc import Callable, Container, Generator, Mapping, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -99,10 +99,8 @@ class Prepared:
 _PREPARED: weakref.WeakKeyDictionary[psycopg.AsyncConnection[Any], Prepared] = weakref.WeakKeyDictionary()
 
 
-# What a round trip expects back, in order: a prepare's key, None for a statement, or
-# _UNREAD for a statement whose rows nobody reads.
-_UNREAD: Final = object()
-_Slot = tuple[bytes, tuple[int, ...]] | object | None
+# What a round trip expects back, in order: a prepare's key, or None for a statement.
+_Slot = tuple[bytes, tuple[int, ...]] | None
 
 
 class WirePipeline:
@@ -113,10 +111,8 @@ class WirePipeline:
     reached).
     """
 
-    def __init__(self, conn: psycopg.AsyncConnection[Any], unread: Container[str] = ()) -> None:
-        """``unread``: statements (settings) whose rows nobody reads: answered ``[]``."""
+    def __init__(self, conn: psycopg.AsyncConnection[Any]) -> None:
         self.conn = conn
-        self.unread = unread
         self.pgconn = conn.pgconn
         self.encoding = conn.info.encoding
         self.tx = Transformer.from_context(conn)
@@ -154,13 +150,13 @@ class WirePipeline:
                     list(map(params.__getitem__, converted.names)), converted.formats
                 )
                 types = self.tx.types or ()
-                preparing = prepare(self.conn, statement.sql)
-                slot = _UNREAD if statement.sql in self.unread else None
-                dumped.append((converted.query, values, types, self.tx.formats, preparing, slot))
+                dumped.append(
+                    (converted.query, values, types, self.tx.formats, prepare(self.conn, statement.sql))
+                )
         except Exception:
             return False
         slots: list[_Slot] = []
-        for query, values, types, formats, preparing, slot in dumped:
+        for query, values, types, formats, preparing in dumped:
             name = self._name(query, types, preparing, slots)
             if name is None:
                 self.pgconn.send_query_params(
@@ -168,7 +164,7 @@ class WirePipeline:
                 )
             else:
                 self.pgconn.send_query_prepared(name, values, param_formats=formats, result_format=_BINARY)
-            slots.append(slot)
+            slots.append(None)
         self.pgconn.pipeline_sync()
         self.trips.append(slots)
         return True
@@ -251,10 +247,10 @@ class WirePipeline:
             for slot, group in zip(slots, segment, strict=False):
                 result = group[-1]
                 if result.status in _OK:
-                    if isinstance(slot, tuple):
+                    if slot is not None:
                         parsed.append(slot)
                     elif rows is not None:
-                        rows.append([] if slot is _UNREAD else self._rows(result))
+                        rows.append(self._rows(result))
                     continue
                 rows = None
                 if result.status == _FAILED and result.error_field(_SQLSTATE) == _UNKNOWN_NAME:
