@@ -257,7 +257,7 @@ class WirePipeline:
                     forget = True
             trips.append(rows)
         prepared = self.prepared
-        if forget:  # names of earlier pipelines are gone (this one's own ran under none)
+        if forget:  # earlier pipelines' names are gone; this one's Parses made new ones
             prepared.names.clear()
             prepared.runs.clear()
         for key in parsed:
