@@ -1020,3 +1020,95 @@ def test_a_deployment_set_up_by_its_environment_can_turn_prepared_statements_off
         saver.get_tuple({"configurable": {"thread_id": "t"}})
         with saver.backend.engine._sync_pool().connection() as conn:
             assert conn.execute("SELECT count(*) FROM pg_prepared_statements").fetchone() != (0,)
+
+
+def _queued(conn: Any, *statements: tuple[str, dict[str, Any]]) -> Any:
+    """A shared pipeline on ``conn`` with each of ``statements`` as a round trip of its own."""
+    from threadkeep.backends.postgres import wire
+    from threadkeep.core.program import Sql
+
+    pipeline = wire.WirePipeline(conn)
+    for sql, params in statements:
+        assert pipeline.queue([Sql(sql, params)], lambda conn, sql: False)
+    return pipeline
+
+
+async def test_a_shared_pipeline_larger_than_the_socket_buffers_is_sent_and_read_whole(provider: Any) -> None:
+    """A shared pipeline's exchange waits to write as well as to read: round trips whose
+    parameters are far larger than the socket's buffers all reach the server, and every
+    result comes back, in order."""
+    import psycopg
+
+    from threadkeep.backends.postgres import wire
+
+    # The first value alone is more than the buffers hold: no result can come back before
+    # it is all written, so only a wait to write sends the rest.
+    sizes = [32_000_000, 10, 2_000_000, 10]
+    async with await psycopg.AsyncConnection.connect(POSTGRES_URL, autocommit=True) as conn:
+        statement = "SELECT length(%(v)s::bytea), %(k)s::integer"
+        pipeline = _queued(conn, *((statement, {"v": b"x" * size, "k": k}) for k, size in enumerate(sizes)))
+        trips = pipeline.judge(await asyncio.wait_for(wire.wait(conn, pipeline.exchange()), 30))
+        pipeline.end()
+        assert trips == [[[(size, k)]] for k, size in enumerate(sizes)]
+        assert await (await conn.execute("SELECT 1")).fetchone() == (1,)
+
+
+@contextlib.asynccontextmanager
+async def _waiting_exchange() -> AsyncIterator[tuple[Any, asyncio.Future[Any]]]:
+    """A shared pipeline's exchange waiting on a statement that sleeps: its connection, and
+    the exchange running as a task. The backend is ended and the connection closed
+    afterwards (as the engine closes a connection whose exchange failed)."""
+    import psycopg
+
+    from threadkeep.backends.postgres import wire
+
+    async with await psycopg.AsyncConnection.connect(POSTGRES_URL, autocommit=True) as conn:
+        pid = conn.info.backend_pid
+        pipeline = _queued(conn, ("SELECT pg_sleep(30)", {}))
+        exchange = asyncio.ensure_future(wire.wait(conn, pipeline.exchange()))
+        try:
+            await asyncio.sleep(0.2)
+            assert not exchange.done()
+            yield conn, exchange
+        finally:
+            exchange.cancel()
+            with connect(POSTGRES_URL) as admin:
+                admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+            await conn.close()
+
+
+async def test_a_shared_pipeline_cancelled_while_it_waits_leaves_the_loop_watching_nothing(
+    provider: Any,
+) -> None:
+    """Cancelling a shared pipeline while it waits for its results (its loop shutting down,
+    say) ends the wait at once, and the loop no longer watches the connection's socket."""
+    loop = asyncio.get_running_loop()
+    async with _waiting_exchange() as (conn, exchange):
+        fileno = conn.pgconn.socket
+        exchange.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(exchange, 1)
+        assert not loop.remove_reader(fileno)
+        assert not loop.remove_writer(fileno)
+
+
+async def test_a_shared_pipeline_whose_backend_ends_while_it_waits_fails_with_a_connection_error(
+    provider: Any,
+) -> None:
+    """A shared pipeline whose backend is terminated while it waits for its results fails
+    with the connection's error (the calls on it retry as after any dropped connection),
+    and the loop no longer watches the socket."""
+    import psycopg
+
+    from threadkeep.backends.postgres.engine import is_connection_error
+
+    loop = asyncio.get_running_loop()
+    async with _waiting_exchange() as (conn, exchange):
+        fileno = conn.pgconn.socket
+        with connect(POSTGRES_URL) as admin:
+            admin.execute("SELECT pg_terminate_backend(%s)", (conn.info.backend_pid,))
+        with pytest.raises(psycopg.OperationalError) as failed:
+            await asyncio.wait_for(exchange, 5)
+        assert is_connection_error(failed.value)
+        assert not loop.remove_reader(fileno)
+        assert not loop.remove_writer(fileno)

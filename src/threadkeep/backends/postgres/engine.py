@@ -814,7 +814,7 @@ class _Coalescer:
                             statements, results = _bounded(statements, results)
                         if pipeline.queue(statements, waiting.prepare):
                             sent.append((waiting, results))
-                    trips = pipeline.judge(await conn.wait(pipeline.exchange()))
+                    trips = pipeline.judge(await wire.wait(conn, pipeline.exchange()))
                     pipeline.end()
                 except BaseException:
                     # what reached the server, and what is left to read, is not known

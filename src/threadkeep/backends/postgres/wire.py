@@ -17,6 +17,7 @@ per connection.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import re
 import weakref
@@ -30,8 +31,9 @@ from psycopg.adapt import PyFormat, Transformer
 
 # psycopg's own non-blocking exchanges (in C with psycopg_binary), as its pipelines use them.
 from psycopg.generators import fetch_many, send
+from psycopg.waiting import READY_R, READY_W, WAIT_R, WAIT_W
 
-__all__ = ["WirePipeline"]
+__all__ = ["WirePipeline", "wait"]
 
 _PLACEHOLDER = re.compile(r"%\(([^)]+)\)([sbt])|%%|%")
 _OK: Final = (pq.ExecStatus.TUPLES_OK, pq.ExecStatus.COMMAND_OK)
@@ -106,7 +108,7 @@ _Slot = tuple[bytes, tuple[int, ...]] | None
 class WirePipeline:
     """Round trips queued on ``conn`` in pipeline mode, each its own implicit transaction.
 
-    Use: :meth:`queue` each round trip, then ``await conn.wait(pipeline.exchange())`` and
+    Use: :meth:`queue` each round trip, then ``await wait(conn, pipeline.exchange())`` and
     :meth:`end`. A failure anywhere leaves the connection to be closed (:meth:`end` is not
     reached).
     """
@@ -197,7 +199,7 @@ class WirePipeline:
         return name
 
     def exchange(self) -> Generator[Any, Any, list[list[pq.abc.PGresult]]]:
-        """Send what is queued and read every result back, for ``conn.wait``."""
+        """Send what is queued and read every result back, for :func:`wait`."""
         yield from send(self.pgconn)
         groups: list[list[Any]] = []
         syncs = len(self.trips)
@@ -270,3 +272,60 @@ class WirePipeline:
             return []
         self.tx.set_pgresult(result)
         return self.tx.load_rows(0, result.ntuples, tuple)
+
+
+async def wait(conn: psycopg.AsyncConnection[Any], exchange: Generator[Any, Any, Any]) -> Any:
+    """What ``exchange`` (a psycopg non-blocking exchange on ``conn``) returns, driven on
+    the running loop as ``conn.wait`` drives it, at less cost per wait: the socket stays
+    registered while the exchange waits for it, and each readiness steps the exchange in
+    the loop's callback. ``conn.wait`` registers the socket, makes a future and a timer,
+    and wakes the waiting task at every wait; a pipeline's results, which arrive a few
+    rows at a time, cost it dozens of those.
+
+    Raises:
+        psycopg.OperationalError: the socket failed (as ``conn.wait`` raises it).
+        Exception: what the exchange raised.
+    """
+    try:
+        wanted = next(exchange)
+    except StopIteration as stop:
+        return stop.value
+    loop = asyncio.get_running_loop()
+    fileno = conn.pgconn.socket
+    done: asyncio.Future[Any] = loop.create_future()
+    registered = 0
+
+    def register(wanted: int) -> None:
+        nonlocal registered
+        if wanted & WAIT_R and not registered & WAIT_R:
+            loop.add_reader(fileno, step, READY_R)
+        elif registered & WAIT_R and not wanted & WAIT_R:
+            loop.remove_reader(fileno)
+        if wanted & WAIT_W and not registered & WAIT_W:
+            loop.add_writer(fileno, step, READY_W)
+        elif registered & WAIT_W and not wanted & WAIT_W:
+            loop.remove_writer(fileno)
+        registered = wanted
+
+    def step(ready: int) -> None:
+        if done.done():
+            return
+        try:
+            wanted = exchange.send(ready)
+        except StopIteration as stop:
+            register(0)
+            done.set_result(stop.value)
+        except OSError as error:
+            register(0)
+            done.set_exception(psycopg.OperationalError(f"connection socket failed: {error}"))
+        except Exception as error:
+            register(0)
+            done.set_exception(error)
+        else:
+            register(wanted)
+
+    register(wanted)
+    try:
+        return await done
+    finally:
+        register(0)
