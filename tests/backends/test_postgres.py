@@ -1112,3 +1112,166 @@ async def test_a_shared_pipeline_whose_backend_ends_while_it_waits_fails_with_a_
         assert is_connection_error(failed.value)
         assert not loop.remove_reader(fileno)
         assert not loop.remove_writer(fileno)
+
+
+async def test_a_shared_pipeline_whose_backend_ends_while_it_is_sent_fails_with_a_connection_error(
+    provider: Any,
+) -> None:
+    """A shared pipeline whose backend is terminated while it is still being sent (a
+    parameter larger than the socket buffers, behind a statement that keeps the server
+    from reading) fails with the connection's error at once, and the loop no longer
+    watches the socket (libpq has closed it: unwatching it must not fail the wait)."""
+    import psycopg
+
+    from threadkeep.backends.postgres import wire
+
+    loop = asyncio.get_running_loop()
+    async with await psycopg.AsyncConnection.connect(POSTGRES_URL, autocommit=True) as conn:
+        fileno = conn.pgconn.socket
+        pipeline = _queued(
+            conn, ("SELECT pg_sleep(3)", {}), ("SELECT length(%(v)s::bytea)", {"v": b"x" * 64_000_000})
+        )
+        exchange = asyncio.ensure_future(wire.wait(conn, pipeline.exchange()))
+        await asyncio.sleep(0.3)
+        assert not exchange.done()
+        with connect(POSTGRES_URL) as admin:
+            admin.execute("SELECT pg_terminate_backend(%s)", (conn.info.backend_pid,))
+        with pytest.raises(psycopg.OperationalError):
+            await asyncio.wait_for(exchange, 5)
+        assert not loop.remove_reader(fileno)
+        assert not loop.remove_writer(fileno)
+        await conn.close()
+
+
+async def test_an_exchange_that_closes_its_socket_and_fails_fails_the_wait() -> None:
+    """An exchange that fails while the loop watches its socket both ways, after libpq
+    closed the socket (as on a dropped connection), fails the wait with its error: the
+    selector's refusal to unwatch a closed socket neither hangs it nor replaces the error."""
+    import socket
+    import types
+
+    import psycopg
+    from psycopg.waiting import WAIT_RW
+
+    from threadkeep.backends.postgres import wire
+
+    ours, theirs = socket.socketpair()
+    theirs.send(b"x")  # readable and writable: both callbacks run in the same pass
+
+    def exchange() -> Any:
+        yield WAIT_RW
+        ours.close()
+        raise psycopg.OperationalError("server closed the connection unexpectedly")
+
+    conn: Any = types.SimpleNamespace(pgconn=types.SimpleNamespace(socket=ours.fileno()))
+    try:
+        with pytest.raises(psycopg.OperationalError, match="closed the connection"):
+            await asyncio.wait_for(wire.wait(conn, exchange()), 2)
+    finally:
+        theirs.close()
+
+
+async def test_a_statement_read_early_is_handed_over_in_chunks_and_fails_alone(provider: Any) -> None:
+    """A statement whose rows its program takes early (``Sql.early``) is read in chunks in a
+    shared pipeline, each handed over as it arrives, and every row is still returned; one
+    that fails part way fails its own round trip only, after handing over what came before
+    the failure."""
+    import psycopg
+
+    from threadkeep.backends.postgres import wire
+    from threadkeep.core.program import Sql
+
+    chunks: list[list[Any]] = []
+    failing: list[list[Any]] = []
+    async with await psycopg.AsyncConnection.connect(POSTGRES_URL, autocommit=True) as conn:
+        pipeline = wire.WirePipeline(conn)
+        for trip in (
+            [Sql("SELECT 'first'", {}), Sql("SELECT g FROM generate_series(1, 100) AS g", {}, chunks.append)],
+            [Sql("SELECT 1 / (150 - g) FROM generate_series(1, 200) AS g", {}, failing.append)],
+            [Sql("SELECT 'last'", {})],
+        ):
+            assert pipeline.queue(trip, lambda conn, sql: False)
+        trips = pipeline.judge(await asyncio.wait_for(wire.wait(conn, pipeline.exchange()), 5))
+        pipeline.end()
+    every = [(g,) for g in range(1, 101)]
+    assert trips == [[[("first",)], every], None, [[("last",)]]]
+    assert [len(chunk) for chunk in chunks] == [32, 32, 32, 4]
+    assert [row for chunk in chunks for row in chunk] == every
+    # the rows before the division by zero came in whole chunks; the rest never came
+    assert [len(chunk) for chunk in failing] == [32, 32, 32, 32]
+
+
+async def test_a_cold_read_decodes_its_messages_while_their_rows_arrive(
+    provider: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A read that walks a thread's messages (a new process, a cold thread) decodes them as
+    their rows arrive, while the server still looks up the rest, and reads back what a
+    read that decodes them at the end reads."""
+    from threadkeep.backends.sql import programs
+
+    dsn = postgres_schema(uuid.uuid4().hex)
+    config: Any = {"configurable": {"thread_id": "cold"}}
+    with open_checkpointer("postgres", dsn) as saver:
+        run_turns(build_agent(saver), "cold", 10)
+    with open_checkpointer("postgres", dsn) as saver:
+        expected = saver.get_tuple(config)  # sync: read whole, decoded at the end
+    taken: list[int | None] = []
+    take = programs._EarlyMessages.take
+
+    def counted(self: Any, tail: bytes, count: int) -> list[Any] | None:
+        decoded = take(self, tail, count)
+        taken.append(None if decoded is None else len(decoded))
+        return decoded
+
+    monkeypatch.setattr(programs._EarlyMessages, "take", counted)
+    with open_checkpointer("postgres", dsn) as saver:
+        state = await saver.aget_tuple(config)
+    assert expected is not None
+    assert state is not None
+    assert taken == [10 * MESSAGES_PER_TURN]
+    assert state.checkpoint == expected.checkpoint
+    assert state.metadata == expected.metadata
+
+
+async def test_a_cold_read_of_a_damaged_message_names_it_as_a_read_at_the_end_does(provider: Any) -> None:
+    """A stored message that cannot be read back fails a read that decodes messages as
+    their rows arrive with the error a read that decodes them at the end gives, naming the
+    message's place in its list."""
+    from threadkeep import CheckpointSerializationError
+
+    dsn = postgres_schema(uuid.uuid4().hex)
+    config: Any = {"configurable": {"thread_id": "cold"}}
+    with open_checkpointer("postgres", dsn) as saver:
+        run_turns(build_agent(saver), "cold", 10)
+    with connect(dsn) as conn:
+        damaged = conn.execute(
+            "UPDATE tk_messages SET value = '\\xc1' WHERE position('Turn 3:'::bytea IN value) > 0"
+        )
+        assert damaged.rowcount == 1
+    with open_checkpointer("postgres", dsn) as saver, pytest.raises(CheckpointSerializationError) as whole:
+        saver.get_tuple(config)
+    with open_checkpointer("postgres", dsn) as saver, pytest.raises(CheckpointSerializationError) as early:
+        await saver.aget_tuple(config)
+    assert whole.value.path == early.value.path == f"channel_values.messages[{3 * MESSAGES_PER_TURN}]"
+    assert str(early.value) == str(whole.value)
+
+
+async def test_a_cold_read_of_one_list_in_two_channels_gives_each_its_own_messages(provider: Any) -> None:
+    """A list two channels hold is walked once per channel by a cold read: each channel
+    reads back its own message objects, whether decoded as their rows arrived or after."""
+    from langgraph.checkpoint.base import create_checkpoint, empty_checkpoint
+
+    dsn = postgres_schema(uuid.uuid4().hex)
+    messages = [HumanMessage(f"m{i}" * 40, id=str(i)) for i in range(70)]
+    checkpoint = create_checkpoint(empty_checkpoint(), None, 0)
+    checkpoint["channel_values"] = {"a": messages, "b": list(messages)}
+    checkpoint["channel_versions"] = {"a": "00001", "b": "00001"}
+    config: Any = {"configurable": {"thread_id": "twice", "checkpoint_ns": ""}}
+    with open_checkpointer("postgres", dsn) as saver:
+        saver.put(config, checkpoint, {"source": "input", "step": -1}, {"a": "00001", "b": "00001"})
+    with open_checkpointer("postgres", dsn) as saver:
+        found = await saver.aget_tuple(config)
+    assert found is not None
+    values = found.checkpoint["channel_values"]
+    assert values == {"a": messages, "b": messages}
+    assert not {id(message) for message in values["a"]} & {id(message) for message in values["b"]}

@@ -31,7 +31,7 @@ import time
 import weakref
 from collections.abc import Awaitable, Callable, Generator, Mapping
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any, Final, TypeVar
 
@@ -562,7 +562,7 @@ def _planned(
     if stand_in is None:
         return statements, _as_sent
     if conn.prepare_threshold is None:
-        return [Sql(stand_in, lone.params)], _as_sent
+        return [replace(lone, sql=stand_in)], _as_sent
     return [Sql(prepare.planned.settings, {}), lone], _last
 
 

@@ -18,6 +18,7 @@ per connection.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import re
 import weakref
@@ -30,7 +31,7 @@ from psycopg import pq
 from psycopg.adapt import PyFormat, Transformer
 
 # psycopg's own non-blocking exchanges (in C with psycopg_binary), as its pipelines use them.
-from psycopg.generators import fetch_many, send
+from psycopg.generators import fetch, fetch_many, send
 from psycopg.waiting import READY_R, READY_W, WAIT_R, WAIT_W
 
 __all__ = ["WirePipeline", "wait"]
@@ -45,6 +46,10 @@ _UNKNOWN_NAME: Final = b"26000"  # invalid_sql_statement_name: a prepared statem
 _BINARY: Final = pq.Format.BINARY
 # Statements prepared (and counted) per connection at most; past it, new ones run unprepared.
 _MOST_PREPARED: Final = 128
+# Rows per chunk of a statement read in chunks (a cold read's messages: about 32 KB).
+_CHUNK_ROWS: Final = 32
+_CHUNK: Final = pq.ExecStatus.TUPLES_CHUNK
+_HOLD_ROWS: Final = (_ROWS, _CHUNK)
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,8 +106,10 @@ class Prepared:
 _PREPARED: weakref.WeakKeyDictionary[psycopg.AsyncConnection[Any], Prepared] = weakref.WeakKeyDictionary()
 
 
-# What a round trip expects back, in order: a prepare's key, or None for a statement.
-_Slot = tuple[bytes, tuple[int, ...]] | None
+# What a round trip expects back, in order: a prepare's key; or a statement: None, or what
+# takes its rows as they arrive (``Sql.early``).
+_Early = Callable[[list[Any]], None]
+_Slot = tuple[bytes, tuple[int, ...]] | _Early | None
 
 
 class WirePipeline:
@@ -126,6 +133,9 @@ class WirePipeline:
         self.trips: list[list[_Slot]] = []
         # the statements this pipeline prepares, by key: named once their Parse succeeded
         self.parsing: dict[tuple[bytes, tuple[int, ...]], bytes] = {}
+        # the rows of statements read in chunks, by their results' place in the exchange
+        self.streamed: dict[int, list[Any]] = {}
+        self.chunks = True
         self.pgconn.enter_pipeline_mode()
 
     def queue(
@@ -152,13 +162,12 @@ class WirePipeline:
                     list(map(params.__getitem__, converted.names)), converted.formats
                 )
                 types = self.tx.types or ()
-                dumped.append(
-                    (converted.query, values, types, self.tx.formats, prepare(self.conn, statement.sql))
-                )
+                preparing = prepare(self.conn, statement.sql)
+                dumped.append((converted.query, values, types, self.tx.formats, preparing, statement.early))
         except Exception:
             return False
         slots: list[_Slot] = []
-        for query, values, types, formats, preparing in dumped:
+        for query, values, types, formats, preparing, early in dumped:
             name = self._name(query, types, preparing, slots)
             if name is None:
                 self.pgconn.send_query_params(
@@ -166,7 +175,7 @@ class WirePipeline:
                 )
             else:
                 self.pgconn.send_query_prepared(name, values, param_formats=formats, result_format=_BINARY)
-            slots.append(None)
+            slots.append(early)
         self.pgconn.pipeline_sync()
         self.trips.append(slots)
         return True
@@ -199,18 +208,60 @@ class WirePipeline:
         return name
 
     def exchange(self) -> Generator[Any, Any, list[list[pq.abc.PGresult]]]:
-        """Send what is queued and read every result back, for :func:`wait`."""
+        """Send what is queued and read every result back, for :func:`wait`: each round
+        trip's, a statement's or a Parse's results at a time, up to its Sync. A statement
+        with an ``early`` reader is read in chunks, each handed to it as it arrives."""
         yield from send(self.pgconn)
         groups: list[list[Any]] = []
-        syncs = len(self.trips)
-        while syncs:
-            results = yield from fetch_many(self.pgconn)
-            if not results:
-                raise psycopg.OperationalError("the server ended a pipeline before its last result")
-            groups.append(results)
-            if results[0].status == _SYNC:
-                syncs -= 1
+        for slots in self.trips:
+            at = 0
+            while True:
+                early = slots[at] if at < len(slots) else None
+                if callable(early) and self._chunked():
+                    results = yield from self._streamed(len(groups), early)
+                else:
+                    results = yield from fetch_many(self.pgconn)
+                if not results:
+                    raise psycopg.OperationalError("the server ended a pipeline before its last result")
+                groups.append(results)
+                at += 1
+                if results[0].status == _SYNC:
+                    break
         return groups
+
+    def _chunked(self) -> bool:
+        """Whether the next statement's rows now come in chunks: not before libpq 17, nor
+        where libpq refuses (an aborted pipeline's statement, which returns no rows)."""
+        if not self.chunks:
+            return False
+        try:
+            self.pgconn.set_chunked_rows_mode(_CHUNK_ROWS)
+        except psycopg.NotSupportedError:
+            self.chunks = False
+            return False
+        except psycopg.OperationalError:
+            return False
+        return True
+
+    def _streamed(self, group: int, early: _Early) -> Generator[Any, Any, list[pq.abc.PGresult]]:
+        """One statement's results, read in chunks of rows: each chunk's rows are loaded,
+        kept for :meth:`judge` (under ``group``) and handed to ``early``; the results
+        returned are the others (its end, or its error)."""
+        results: list[Any] = []
+        rows: list[Any] = []
+        while True:
+            result = yield from fetch(self.pgconn)
+            if result is None:
+                break
+            if result.status != _CHUNK:
+                results.append(result)
+                continue
+            chunk = self._rows(result)
+            rows.extend(chunk)
+            with contextlib.suppress(Exception):  # its program reads the rows again anyway
+                early(chunk)
+        self.streamed[group] = rows
+        return results
 
     def end(self) -> None:
         """Leave pipeline mode, every result read."""
@@ -246,13 +297,16 @@ class WirePipeline:
             rows: list[list[Any]] | None = (
                 [] if len(segment) == len(slots) else None
             )  # else: its COMMIT failed
-            for slot, group in zip(slots, segment, strict=False):
+            for index, (slot, group) in enumerate(
+                zip(slots, segment, strict=False), start=end - len(segment)
+            ):
                 result = group[-1]
                 if result.status in _OK:
-                    if slot is not None:
+                    if isinstance(slot, tuple):
                         parsed.append(slot)
                     elif rows is not None:
-                        rows.append(self._rows(result))
+                        streamed = self.streamed.get(index)
+                        rows.append(self._rows(result) if streamed is None else streamed)
                     continue
                 rows = None
                 if result.status == _FAILED and result.error_field(_SQLSTATE) == _UNKNOWN_NAME:
@@ -268,7 +322,8 @@ class WirePipeline:
         return trips
 
     def _rows(self, result: Any) -> list[Any]:
-        if result.status != _ROWS:
+        """The rows of a result that holds rows (a statement's, or a chunk of them)."""
+        if result.status not in _HOLD_ROWS:
             return []
         self.tx.set_pgresult(result)
         return self.tx.load_rows(0, result.ntuples, tuple)
@@ -278,54 +333,91 @@ async def wait(conn: psycopg.AsyncConnection[Any], exchange: Generator[Any, Any,
     """What ``exchange`` (a psycopg non-blocking exchange on ``conn``) returns, driven on
     the running loop as ``conn.wait`` drives it, at less cost per wait: the socket stays
     registered while the exchange waits for it, and each readiness steps the exchange in
-    the loop's callback. ``conn.wait`` registers the socket, makes a future and a timer,
-    and wakes the waiting task at every wait; a pipeline's results, which arrive a few
-    rows at a time, cost it dozens of those.
+    the loop's callback (:class:`_Stepper`). ``conn.wait`` registers the socket, makes a
+    future and a timer, and wakes the waiting task at every wait; a pipeline's results,
+    which arrive a few rows at a time, cost it dozens of those. On a loop that is not
+    asyncio's selector loop (uvloop drops a reader after a poll error without a word),
+    ``conn.wait`` drives it.
+
+    A cancelled wait stops at once, without the server cancel ``conn.wait`` sends: the
+    caller closes the connection, and the server may finish the statement it was running.
 
     Raises:
         psycopg.OperationalError: the socket failed (as ``conn.wait`` raises it).
         Exception: what the exchange raised.
     """
+    loop = asyncio.get_running_loop()
+    if not isinstance(loop, asyncio.selector_events.BaseSelectorEventLoop):
+        return await conn.wait(exchange)
     try:
         wanted = next(exchange)
     except StopIteration as stop:
         return stop.value
-    loop = asyncio.get_running_loop()
-    fileno = conn.pgconn.socket
-    done: asyncio.Future[Any] = loop.create_future()
-    registered = 0
+    stepper = _Stepper(loop, conn.pgconn.socket, exchange)
+    try:
+        stepper.register(wanted)
+    except OSError as error:
+        stepper.unregister()
+        raise psycopg.OperationalError(f"connection socket failed: {error}") from error
+    try:
+        return await stepper.done
+    finally:
+        stepper.unregister()
 
-    def register(wanted: int) -> None:
-        nonlocal registered
+
+class _Stepper:
+    """An exchange stepped by the loop's callbacks on its socket, registered for what it
+    waits for; ``done`` settles with what it returns or raises."""
+
+    __slots__ = ("done", "exchange", "fileno", "loop", "registered")
+
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, fileno: int, exchange: Generator[Any, Any, Any]
+    ) -> None:
+        self.loop, self.fileno, self.exchange = loop, fileno, exchange
+        self.done: asyncio.Future[Any] = loop.create_future()
+        self.registered = 0
+
+    def register(self, wanted: int) -> None:
+        """Watch the socket for what the exchange waits for (``Wait`` flags), and no more."""
+        loop, fileno, registered = self.loop, self.fileno, self.registered
         if wanted & WAIT_R and not registered & WAIT_R:
-            loop.add_reader(fileno, step, READY_R)
+            loop.add_reader(fileno, self.step, READY_R)
         elif registered & WAIT_R and not wanted & WAIT_R:
             loop.remove_reader(fileno)
         if wanted & WAIT_W and not registered & WAIT_W:
-            loop.add_writer(fileno, step, READY_W)
+            loop.add_writer(fileno, self.step, READY_W)
         elif registered & WAIT_W and not wanted & WAIT_W:
             loop.remove_writer(fileno)
-        registered = wanted
+        self.registered = wanted
 
-    def step(ready: int) -> None:
-        if done.done():
+    def unregister(self) -> None:
+        """Watch the socket no more. libpq closes the socket of a connection it finds
+        dropped: the selector then refuses the removal (EBADF), having forgotten it."""
+        was, self.registered = self.registered, 0
+        if was & WAIT_R:
+            with contextlib.suppress(OSError):
+                self.loop.remove_reader(self.fileno)
+        if was & WAIT_W:
+            with contextlib.suppress(OSError):
+                self.loop.remove_writer(self.fileno)
+
+    def step(self, ready: int) -> None:
+        """Step the exchange on ``ready``; once it ends, settle ``done`` first, then stop
+        watching (so that a failure to stop leaves nothing waiting)."""
+        done = self.done
+        if done.done():  # the other direction's callback, queued in the same pass
             return
         try:
-            wanted = exchange.send(ready)
+            self.register(self.exchange.send(ready))
+            return
         except StopIteration as stop:
-            register(0)
             done.set_result(stop.value)
         except OSError as error:
-            register(0)
             done.set_exception(psycopg.OperationalError(f"connection socket failed: {error}"))
-        except Exception as error:
-            register(0)
+        except BaseException as error:
             done.set_exception(error)
-        else:
-            register(wanted)
-
-    register(wanted)
-    try:
-        return await done
-    finally:
-        register(0)
+            if not isinstance(error, Exception):  # the loop's to handle, once nothing waits
+                self.unregister()
+                raise
+        self.unregister()

@@ -123,9 +123,9 @@ class SqlBackend:
         return programs.get_tuple(self.dialect, target, serde, content, memo)
 
     def get_stored(
-        self, target: Target, content: ContentCache
+        self, target: Target, content: ContentCache, serde: SerializerProtocol | None = None
     ) -> Program[tuple[StoredCheckpoint, dict[bytes, list[tuple[str, bytes]]]] | None]:
-        return programs.get_stored(self.dialect, target, content)
+        return programs.get_stored(self.dialect, target, content, serde)
 
     def owner_of(self, thread_id: str) -> Program[str | None]:
         return programs.owner_of(self.dialect, thread_id)

@@ -17,6 +17,7 @@ from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import CheckpointTuple
 from langgraph.checkpoint.serde.base import SerializerProtocol
 
+from threadkeep.codec.serde import JSON_TYPE, list_decoder
 from threadkeep.core.identity import Actor
 from threadkeep.core.messages import CHAIN_TYPE, ContentCache, EncodingMemo, MessageChain
 from threadkeep.core.program import Batch, Program, Sql, SqlMany
@@ -547,6 +548,8 @@ def _lock_threads(q: SqlDialect, tids: set[int]) -> Sql:
 # (SELECT_CHAIN), and in a walked message's row (kind 3) of a state statement.
 _CHAIN_COLUMNS: Final = (0, 1, 2, 3)
 _STATE_COLUMNS: Final = (11, 13, 7, 8)
+# Where a walked message's row holds the tail of its list.
+_TAIL_COLUMN: Final = 12
 
 
 def _stored(
@@ -558,7 +561,7 @@ def _stored(
     walked: dict[bytes, list[Any]] = {}
     for row in rows:
         if row[0] == 3:  # most rows: a message of a list, placed by _walked_list
-            tail = row[12]
+            tail = row[_TAIL_COLUMN]
             of_list = walked.get(tail)
             if of_list is None:
                 of_list = walked[bytes(tail)] = []
@@ -699,27 +702,80 @@ def _walked_list(
     return entries
 
 
+class _EarlyMessages:
+    """The messages of the lists a state statement walks, decoded as their rows arrive
+    (``Sql.early``) while the server still looks up the rest, by list tail and depth. A
+    chunk that fails to decode is left out: the read decodes its list again, and the
+    failure names the message."""
+
+    __slots__ = ("decode_many", "found")
+
+    def __init__(self, decode_many: Callable[[Sequence[bytes]], list[Any]]) -> None:
+        self.decode_many = decode_many
+        self.found: dict[bytes, dict[int, Any]] = {}
+
+    def __call__(self, rows: list[Any]) -> None:
+        depth_at, _, kind_at, payload_at = _STATE_COLUMNS
+        picked = [row for row in rows if row[0] == 3 and row[kind_at] == JSON_TYPE]
+        if not picked:
+            return
+        try:
+            decoded = self.decode_many([row[payload_at] for row in picked])
+        except Exception:
+            return
+        for row, message in zip(picked, decoded, strict=True):
+            of_list = self.found.get(row[_TAIL_COLUMN])
+            if of_list is None:
+                of_list = self.found[row[_TAIL_COLUMN]] = {}
+            of_list[row[depth_at]] = message
+
+    def take(self, tail: bytes, count: int) -> list[Any] | None:
+        """The ``count`` messages of the list ending at ``tail``, oldest first, if every one
+        was decoded; each list once."""
+        of_list = self.found.pop(tail, None)
+        if of_list is None or len(of_list) != count:
+            return None
+        try:
+            return [of_list[depth] for depth in range(count - 1, -1, -1)]
+        except KeyError:
+            return None
+
+
 def get_stored(
-    q: SqlDialect, target: Target, content: ContentCache
+    q: SqlDialect,
+    target: Target,
+    content: ContentCache,
+    serde: SerializerProtocol | None = None,
 ) -> Program[tuple[StoredCheckpoint, dict[bytes, list[tuple[str, bytes]]]] | None]:
     """The addressed checkpoint (or the newest of its namespace) as stored, with the stored
-    form of every message of its lists, undecoded."""
+    form of every message of its lists. With ``serde``, the messages of lists the statement
+    walks may be decoded already, as their rows arrived (``StoredCheckpoint.decoded``)."""
+    # A reader holding none of the thread's lists (a new process, a cold thread) walks
+    # them in the same statement; one that holds them skips the walk.
+    walk = not content.holds_lists_of(target.thread_id)
     params = {
         "thread_id": target.thread_id,
         "owner": target.actor.owner_filter,
         "checkpoint_ns": target.checkpoint_ns,
         "checkpoint_id": target.checkpoint_id,
-        # A reader holding none of the thread's lists (a new process, a cold thread) walks
-        # them in the same statement; one that holds them skips the walk.
-        "walk": not content.holds_lists_of(target.thread_id),
+        "walk": walk,
     }
-    rows = yield Sql(q.SELECT_STATE_LATEST if target.checkpoint_id is None else q.SELECT_STATE_AT, params)
+    decode_many = None if serde is None or not walk else list_decoder(serde)
+    early = None if decode_many is None else _EarlyMessages(decode_many)
+    sql = q.SELECT_STATE_LATEST if target.checkpoint_id is None else q.SELECT_STATE_AT
+    rows = yield Sql(sql, params, early)
     if not rows:
         return None
     state, walked = _stored(
         target.thread_id, target.checkpoint_ns, rows, branch=target.checkpoint_id is not None
     )
     lists = yield from _message_lists(q, content, [state], walked)
+    if early is not None:
+        for tail, count in state.chains():
+            if tail in walked:
+                decoded = early.take(tail, count)
+                if decoded is not None:
+                    state.decoded[tail] = decoded
     yield from _referenced_messages(q, content, [state])
     return state, lists
 
@@ -732,7 +788,7 @@ def get_tuple(
     memo: EncodingMemo | None = None,
 ) -> Program[CheckpointTuple | None]:
     """The addressed checkpoint, or the newest of its namespace, with its pending writes."""
-    found = yield from get_stored(q, target, content)
+    found = yield from get_stored(q, target, content, serde)
     if found is None:
         return None
     state, lists = found

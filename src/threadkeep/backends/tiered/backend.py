@@ -148,7 +148,7 @@ class TieredBackend:
                 return hit  # type: ignore[no-any-return]
             if hit is None:
                 self.metrics.inc(CACHE_EVENTS, event="miss")
-        found = yield Durable(lambda: self.durable.get_stored(target, content))
+        found = yield Durable(lambda: self.durable.get_stored(target, content, serde))
         if found is None:
             return None
         stored, lists = found
