@@ -1171,64 +1171,83 @@ async def test_an_exchange_that_closes_its_socket_and_fails_fails_the_wait() -> 
         theirs.close()
 
 
-async def test_a_statement_read_early_is_handed_over_in_chunks_and_fails_alone(provider: Any) -> None:
-    """A statement whose rows its program takes early (``Sql.early``) is read in chunks in a
-    shared pipeline, each handed over as it arrives, and every row is still returned; one
-    that fails part way fails its own round trip only, after handing over what came before
-    the failure."""
+async def _exchanged(conn: Any, *trips: list[Any]) -> list[Any]:
+    """What a pipeline of ``trips`` (each a list of ``Sql``) on ``conn`` answers."""
+    from threadkeep.backends.postgres import wire
+
+    pipeline = wire.WirePipeline(conn)
+    for trip in trips:
+        assert pipeline.queue(trip, lambda conn, sql: False)
+    trips_rows = pipeline.judge(await asyncio.wait_for(wire.wait(conn, pipeline.exchange()), 5))
+    pipeline.end()
+    return trips_rows
+
+
+async def test_a_statement_read_early_is_handed_over_in_chunks_when_it_goes_alone(provider: Any) -> None:
+    """A statement whose rows its program takes early (``Sql.early``), in a pipeline of its
+    round trip alone, is read in chunks, each handed over as it arrives, and every row is
+    still returned; one that fails part way hands over what came before the failure and
+    fails. In a pipeline shared with other round trips it is read whole: its calls are all
+    answered when the exchange ends, and none should wait for another's early work."""
     import psycopg
 
-    from threadkeep.backends.postgres import wire
     from threadkeep.core.program import Sql
 
+    every = [(g,) for g in range(1, 101)]
+    hundred = "SELECT g FROM generate_series(1, 100) AS g"
     chunks: list[list[Any]] = []
     failing: list[list[Any]] = []
+    shared: list[list[Any]] = []
     async with await psycopg.AsyncConnection.connect(POSTGRES_URL, autocommit=True) as conn:
-        pipeline = wire.WirePipeline(conn)
-        for trip in (
-            [Sql("SELECT 'first'", {}), Sql("SELECT g FROM generate_series(1, 100) AS g", {}, chunks.append)],
-            [Sql("SELECT 1 / (150 - g) FROM generate_series(1, 200) AS g", {}, failing.append)],
-            [Sql("SELECT 'last'", {})],
-        ):
-            assert pipeline.queue(trip, lambda conn, sql: False)
-        trips = pipeline.judge(await asyncio.wait_for(wire.wait(conn, pipeline.exchange()), 5))
-        pipeline.end()
-    every = [(g,) for g in range(1, 101)]
-    assert trips == [[[("first",)], every], None, [[("last",)]]]
-    assert [len(chunk) for chunk in chunks] == [32, 32, 32, 4]
-    assert [row for chunk in chunks for row in chunk] == every
-    # the rows before the division by zero came in whole chunks; the rest never came
-    assert [len(chunk) for chunk in failing] == [32, 32, 32, 32]
+        alone = await _exchanged(conn, [Sql("SELECT 'first'", {}), Sql(hundred, {}, chunks.append)])
+        assert alone == [[[("first",)], every]]
+        assert [len(chunk) for chunk in chunks] == [32, 32, 32, 4]
+        assert [row for chunk in chunks for row in chunk] == every
+        divided = "SELECT 1 / (150 - g) FROM generate_series(1, 200) AS g"
+        assert await _exchanged(conn, [Sql(divided, {}, failing.append)]) == [None]
+        # the rows before the division by zero came in whole chunks; the rest never came
+        assert [len(chunk) for chunk in failing] == [32, 32, 32, 32]
+        both = await _exchanged(conn, [Sql(hundred, {}, shared.append)], [Sql("SELECT 'other'", {})])
+        assert both == [[every], [[("other",)]]]
+        assert shared == []
 
 
+@pytest.mark.parametrize(
+    "settings",
+    [{}, {"prepare_threshold": None}, {"inline_compress_bytes": 256}],
+    ids=["prepared", "never-prepared", "compressed-messages"],
+)
 async def test_a_cold_read_decodes_its_messages_while_their_rows_arrive(
-    provider: Any, monkeypatch: pytest.MonkeyPatch
+    provider: Any, monkeypatch: pytest.MonkeyPatch, settings: dict[str, Any]
 ) -> None:
     """A read that walks a thread's messages (a new process, a cold thread) decodes them as
     their rows arrive, while the server still looks up the rest, and reads back what a
-    read that decodes them at the end reads."""
+    read that decodes them at the end reads: on a connection that never prepares (the
+    state read is then the function ``tk_state``) and with messages stored compressed too."""
     from threadkeep.backends.sql import programs
 
     dsn = postgres_schema(uuid.uuid4().hex)
     config: Any = {"configurable": {"thread_id": "cold"}}
-    with open_checkpointer("postgres", dsn) as saver:
+    with open_checkpointer("postgres", dsn, settings=Settings(**settings)) as saver:
         run_turns(build_agent(saver), "cold", 10)
-    with open_checkpointer("postgres", dsn) as saver:
+    with open_checkpointer("postgres", dsn, settings=Settings(**settings)) as saver:
         expected = saver.get_tuple(config)  # sync: read whole, decoded at the end
-    taken: list[int | None] = []
+    taken: list[Any] = []
     take = programs._EarlyMessages.take
 
-    def counted(self: Any, tail: bytes, count: int) -> list[Any] | None:
-        decoded = take(self, tail, count)
-        taken.append(None if decoded is None else len(decoded))
-        return decoded
+    def kept(self: Any, tail: bytes, count: int) -> list[Any] | None:
+        taken.append(take(self, tail, count))
+        return taken[-1]  # type: ignore[no-any-return]
 
-    monkeypatch.setattr(programs._EarlyMessages, "take", counted)
-    with open_checkpointer("postgres", dsn) as saver:
+    monkeypatch.setattr(programs._EarlyMessages, "take", kept)
+    with open_checkpointer("postgres", dsn, settings=Settings(**settings)) as saver:
         state = await saver.aget_tuple(config)
     assert expected is not None
     assert state is not None
-    assert taken == [10 * MESSAGES_PER_TURN]
+    assert len(taken) == 1
+    # the list decoded early is the list the read hands over
+    assert state.checkpoint["channel_values"]["messages"] is taken[0]
+    assert len(taken[0]) == 10 * MESSAGES_PER_TURN
     assert state.checkpoint == expected.checkpoint
     assert state.metadata == expected.metadata
 

@@ -209,14 +209,17 @@ class WirePipeline:
 
     def exchange(self) -> Generator[Any, Any, list[list[pq.abc.PGresult]]]:
         """Send what is queued and read every result back, for :func:`wait`: each round
-        trip's, a statement's or a Parse's results at a time, up to its Sync. A statement
-        with an ``early`` reader is read in chunks, each handed to it as it arrives."""
+        trip's, a statement's or a Parse's results at a time, up to its Sync. In a pipeline
+        of one round trip, a statement with an ``early`` reader is read in chunks, each
+        handed to it as it arrives. Not in a shared one: its calls are all answered when
+        its exchange ends, and work done in it would hold them all up."""
         yield from send(self.pgconn)
         groups: list[list[Any]] = []
+        alone = len(self.trips) == 1
         for slots in self.trips:
             at = 0
             while True:
-                early = slots[at] if at < len(slots) else None
+                early = slots[at] if alone and at < len(slots) else None
                 if callable(early) and self._chunked():
                     results = yield from self._streamed(len(groups), early)
                 else:
@@ -306,7 +309,10 @@ class WirePipeline:
                         parsed.append(slot)
                     elif rows is not None:
                         streamed = self.streamed.get(index)
-                        rows.append(self._rows(result) if streamed is None else streamed)
+                        if streamed is None:
+                            rows.append(self._rows(result))
+                        else:  # its chunks' rows, and any its last result holds (none, from libpq 17)
+                            rows.append(streamed + self._rows(result) if result.ntuples else streamed)
                     continue
                 rows = None
                 if result.status == _FAILED and result.error_field(_SQLSTATE) == _UNKNOWN_NAME:

@@ -17,7 +17,7 @@ from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import CheckpointTuple
 from langgraph.checkpoint.serde.base import SerializerProtocol
 
-from threadkeep.codec.serde import JSON_TYPE, list_decoder
+from threadkeep.codec.serde import JSON_TYPE, list_decoder, typed_decoder
 from threadkeep.core.identity import Actor
 from threadkeep.core.messages import CHAIN_TYPE, ContentCache, EncodingMemo, MessageChain
 from threadkeep.core.program import Batch, Program, Sql, SqlMany
@@ -705,28 +705,37 @@ def _walked_list(
 class _EarlyMessages:
     """The messages of the lists a state statement walks, decoded as their rows arrive
     (``Sql.early``) while the server still looks up the rest, by list tail and depth. A
-    chunk that fails to decode is left out: the read decodes its list again, and the
-    failure names the message."""
+    list's tail is a digest of all its messages, so a (tail, depth) names one message
+    whichever try of the read found it: what a try that rolled back decoded serves the one
+    sent after it. A chunk with a message that fails to decode is left out: the read
+    decodes its list again at the end, where the failure names the message."""
 
-    __slots__ = ("decode_many", "found")
+    __slots__ = ("decode", "decode_many", "found")
 
-    def __init__(self, decode_many: Callable[[Sequence[bytes]], list[Any]]) -> None:
-        self.decode_many = decode_many
+    def __init__(self, serde: SerializerProtocol) -> None:
+        self.decode_many = list_decoder(serde)
+        self.decode = typed_decoder(serde)
         self.found: dict[bytes, dict[int, Any]] = {}
 
     def __call__(self, rows: list[Any]) -> None:
         depth_at, _, kind_at, payload_at = _STATE_COLUMNS
-        picked = [row for row in rows if row[0] == 3 and row[kind_at] == JSON_TYPE]
-        if not picked:
+        walked = [row for row in rows if row[0] == 3]
+        if not walked:
             return
+        many = self.decode_many
+        plain = [] if many is None else [row for row in walked if row[kind_at] == JSON_TYPE]
+        others = [row for row in walked if row[kind_at] != JSON_TYPE] if plain else walked
         try:
-            decoded = self.decode_many([row[payload_at] for row in picked])
+            decoded = [(row, self.decode(row[kind_at], row[payload_at])) for row in others]
+            if many is not None and plain:  # the plain json ones in one pass
+                decoded += zip(plain, many([row[payload_at] for row in plain]), strict=True)
         except Exception:
             return
-        for row, message in zip(picked, decoded, strict=True):
-            of_list = self.found.get(row[_TAIL_COLUMN])
+        found = self.found
+        for row, message in decoded:
+            of_list = found.get(row[_TAIL_COLUMN])
             if of_list is None:
-                of_list = self.found[row[_TAIL_COLUMN]] = {}
+                of_list = found[row[_TAIL_COLUMN]] = {}
             of_list[row[depth_at]] = message
 
     def take(self, tail: bytes, count: int) -> list[Any] | None:
@@ -760,8 +769,7 @@ def get_stored(
         "checkpoint_id": target.checkpoint_id,
         "walk": walk,
     }
-    decode_many = None if serde is None or not walk else list_decoder(serde)
-    early = None if decode_many is None else _EarlyMessages(decode_many)
+    early = _EarlyMessages(serde) if serde is not None and walk else None
     sql = q.SELECT_STATE_LATEST if target.checkpoint_id is None else q.SELECT_STATE_AT
     rows = yield Sql(sql, params, early)
     if not rows:
