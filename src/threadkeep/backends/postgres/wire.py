@@ -12,7 +12,9 @@ back by position: each round trip's statements, then its Sync.
 
 A statement becomes a prepared statement once it ran the connection's
 ``prepare_threshold`` times (:class:`Prepared`), under a name of its own (``_tk<n>``), kept
-per connection.
+per connection. In a pipeline of one round trip, a statement whose rows its program takes
+early (``Sql.early``) is read in chunks, handed over as they arrive. :func:`wait` drives
+the exchange on the event loop.
 """
 
 from __future__ import annotations
