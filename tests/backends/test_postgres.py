@@ -1022,15 +1022,21 @@ def test_a_deployment_set_up_by_its_environment_can_turn_prepared_statements_off
             assert conn.execute("SELECT count(*) FROM pg_prepared_statements").fetchone() != (0,)
 
 
-def _queued(conn: Any, *statements: tuple[str, dict[str, Any]]) -> Any:
-    """A shared pipeline on ``conn`` with each of ``statements`` as a round trip of its own."""
+def _queued_trips(conn: Any, *trips: list[Any]) -> Any:
+    """A pipeline on ``conn`` with ``trips`` (each a list of ``Sql``) queued."""
     from threadkeep.backends.postgres import wire
-    from threadkeep.core.program import Sql
 
     pipeline = wire.WirePipeline(conn)
-    for sql, params in statements:
-        assert pipeline.queue([Sql(sql, params)], lambda conn, sql: False)
+    for trip in trips:
+        assert pipeline.queue(trip, lambda conn, sql: False)
     return pipeline
+
+
+def _queued(conn: Any, *statements: tuple[str, dict[str, Any]]) -> Any:
+    """A shared pipeline on ``conn`` with each of ``statements`` as a round trip of its own."""
+    from threadkeep.core.program import Sql
+
+    return _queued_trips(conn, *([Sql(sql, params)] for sql, params in statements))
 
 
 async def test_a_shared_pipeline_larger_than_the_socket_buffers_is_sent_and_read_whole(provider: Any) -> None:
@@ -1175,9 +1181,7 @@ async def _exchanged(conn: Any, *trips: list[Any]) -> list[Any]:
     """What a pipeline of ``trips`` (each a list of ``Sql``) on ``conn`` answers."""
     from threadkeep.backends.postgres import wire
 
-    pipeline = wire.WirePipeline(conn)
-    for trip in trips:
-        assert pipeline.queue(trip, lambda conn, sql: False)
+    pipeline = _queued_trips(conn, *trips)
     trips_rows = pipeline.judge(await asyncio.wait_for(wire.wait(conn, pipeline.exchange()), 5))
     pipeline.end()
     return trips_rows

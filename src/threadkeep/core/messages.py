@@ -34,7 +34,6 @@ from threadkeep.errors import CheckpointSerializationError
 
 __all__ = [
     "CHAIN_TYPE",
-    "DIGEST_BYTES",
     "LINK_PAGE",
     "ContentCache",
     "EncodingMemo",
@@ -44,11 +43,11 @@ __all__ = [
     "digest_of",
     "is_message_list",
     "parse_chain_ref",
+    "split_digests",
 ]
 
 CHAIN_TYPE: Final = "chain"
 _HASH_BYTES: Final = 16
-DIGEST_BYTES: Final = _HASH_BYTES
 # A SQL store may give every LINK_PAGE-th link of a list its page: the digests of the
 # LINK_PAGE messages it closes, oldest first, and the node before the first of them; a
 # reader then walks the list a page at a time (Postgres: migration 6, whose readers unpack
@@ -68,6 +67,11 @@ def digest_of(kind: str, payload: bytes) -> bytes:
 
 def _link(prev: bytes | None, digest: bytes) -> bytes:
     return hashlib.blake2b((prev or b"") + digest, digest_size=_HASH_BYTES).digest()
+
+
+def split_digests(joined: bytes) -> list[bytes]:
+    """The digests ``joined`` holds end to end, in order."""
+    return [joined[at : at + _HASH_BYTES] for at in range(0, len(joined), _HASH_BYTES)]
 
 
 def chain_tail(digests: Sequence[bytes]) -> bytes | None:

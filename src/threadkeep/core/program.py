@@ -30,7 +30,8 @@ class Sql:
 
     ``early``, if given, may be called with the rows as they arrive, a chunk at a time in
     order, before the program receives them all: an engine that reads a result in pieces
-    calls it (the Postgres engine's shared pipelines do), others never do. Work that can
+    calls it (the Postgres engine does, for a statement whose pipeline carries its round
+    trip alone), others never do. Work that can
     start before the last row (decoding a cold read's messages) then runs while the server
     still looks up the rest. It must not raise, nor rely on being called, nor on seeing
     every row: a statement that fails part way was seen in part, and one sent again (alone,

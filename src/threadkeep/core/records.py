@@ -37,6 +37,7 @@ from threadkeep.core.messages import (
     digest_of,
     is_message_list,
     parse_chain_ref,
+    split_digests,
 )
 from threadkeep.core.rules import BRANCH_KEY
 from threadkeep.errors import CheckpointSerializationError
@@ -68,7 +69,6 @@ EMPTY_TYPE: Final = "empty"
 REFS_TYPE: Final = "refs"
 REF_TYPE: Final = "ref"
 REFS_TYPES: Final = frozenset({REFS_TYPE, REF_TYPE})
-_DIGEST_BYTES: Final = 16
 # Checkpoint structure and metadata are always written with the faithful codec, whatever
 # codec stores channel values: they must stay readable and filterable as JSON.
 STRUCTURE: Final = FaithfulCodec()
@@ -376,7 +376,7 @@ def prepare_writes(
 
 def split_refs(value: bytes) -> list[bytes]:
     """The digests a ``ref``/``refs`` write holds, in order."""
-    return [value[i : i + _DIGEST_BYTES] for i in range(0, len(value), _DIGEST_BYTES)]
+    return split_digests(value)
 
 
 def decode_value(serde: SerializerProtocol, kind: str, payload: bytes, path: str) -> Any:

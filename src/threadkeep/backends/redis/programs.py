@@ -19,7 +19,7 @@ from threadkeep.backends.redis.engine import Command, Scan, Script
 from threadkeep.backends.redis.keys import KeySpace
 from threadkeep.backends.sql.programs import FORMAT_GENERATION, READABLE_GENERATIONS
 from threadkeep.core.identity import Actor
-from threadkeep.core.messages import DIGEST_BYTES, ContentCache, EncodingMemo, chain_tail
+from threadkeep.core.messages import ContentCache, EncodingMemo, chain_tail, split_digests
 from threadkeep.core.program import Program
 from threadkeep.core.records import (
     ListQuery,
@@ -271,7 +271,7 @@ def _stored(thread_id: str, ns: str, entry: list[Any], branch: bool) -> tuple[St
                 "message history is incomplete: a message of the list is not stored",
                 path=f"thread {thread_id!r}",
             )
-        digests = [joined[at : at + DIGEST_BYTES] for at in range(0, len(joined), DIGEST_BYTES)]
+        digests = split_digests(joined)
         if len(digests) != len(messages) or chain_tail(digests) != tail:
             raise CheckpointSerializationError(
                 "message history is inconsistent: its links do not lead to the list's tail",

@@ -723,11 +723,13 @@ class _EarlyMessages:
         if not walked:
             return
         many = self.decode_many
-        plain = [] if many is None else [row for row in walked if row[kind_at] == JSON_TYPE]
-        others = [row for row in walked if row[kind_at] != JSON_TYPE] if plain else walked
+        plain: list[Any] = []  # the plain json ones, decoded in one pass
+        others: list[Any] = []
+        for row in walked:
+            (plain if many is not None and row[kind_at] == JSON_TYPE else others).append(row)
         try:
             decoded = [(row, self.decode(row[kind_at], row[payload_at])) for row in others]
-            if many is not None and plain:  # the plain json ones in one pass
+            if many is not None and plain:
                 decoded += zip(plain, many([row[payload_at] for row in plain]), strict=True)
         except Exception:
             return
