@@ -1177,6 +1177,34 @@ async def test_an_exchange_that_closes_its_socket_and_fails_fails_the_wait() -> 
         theirs.close()
 
 
+async def test_a_shared_exchange_the_server_never_answers_ends_at_its_deadline() -> None:
+    """The shared pipeline's wait gives up after the owned pool's command timeout, and
+    leaves the loop watching nothing (the caller closes the connection)."""
+    import socket
+    import types
+
+    import psycopg
+    from psycopg.waiting import WAIT_R
+
+    from threadkeep.backends.postgres import wire
+
+    ours, theirs = socket.socketpair()  # nothing is ever sent: never readable
+
+    def exchange() -> Any:
+        yield WAIT_R
+        raise AssertionError("stepped without an answer")
+
+    conn: Any = types.SimpleNamespace(pgconn=types.SimpleNamespace(socket=ours.fileno()))
+    loop = asyncio.get_running_loop()
+    try:
+        with pytest.raises(psycopg.OperationalError, match=r"did not answer within 0\.2 s"):
+            await asyncio.wait_for(wire.wait(conn, exchange(), 0.2), 5)
+        assert not loop.remove_reader(ours.fileno())  # no longer watched
+    finally:
+        ours.close()
+        theirs.close()
+
+
 async def _exchanged(conn: Any, *trips: list[Any]) -> list[Any]:
     """What a pipeline of ``trips`` (each a list of ``Sql``) on ``conn`` answers."""
     from threadkeep.backends.postgres import wire

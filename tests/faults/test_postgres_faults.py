@@ -4,11 +4,12 @@ and leaves nothing half-written. And SPEC W2 when two writers queue on a thread'
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -150,6 +151,135 @@ def test_w4_postgres_refusing_connections_fails_the_run_and_leaves_nothing_half_
         assert len(history) == stored == CHECKPOINTS_PER_TURN
         assert len(history[0].checkpoint["channel_values"]["messages"]) == MESSAGES_PER_TURN
         assert direct.stats("outage")["messages"] == MESSAGES_PER_TURN
+
+
+# COMMAND_TIMEOUT_SECONDS at 1 s: a wait for a server that stopped answering gives up.
+MUTE_AFTER_1S = Settings(
+    retry_backoff_seconds=0.05, pool_timeout_seconds=1, connect_timeout_seconds=1, command_timeout_seconds=1
+)
+
+
+def two_turns(graph: Any, thread_id: str, api: str, between: Callable[[], None]) -> threading.Event:
+    """Run a turn, ``between()``, then another turn, in a thread of their own (so a hang
+    fails the test instead of stopping it) and, for ``async``, on one event loop (whose
+    pool ``between`` is about): the event is set once the second turn finished."""
+    finished = threading.Event()
+    config: Any = {"configurable": {"thread_id": thread_id}}
+
+    async def both() -> None:
+        await graph.ainvoke(turn_input(0), config)
+        between()
+        await graph.ainvoke(turn_input(1), config)
+
+    def run() -> None:
+        if api == "sync":
+            graph.invoke(turn_input(0), config)
+            between()
+            graph.invoke(turn_input(1), config)
+        else:
+            asyncio.run(both())
+        finished.set()
+
+    threading.Thread(target=run, daemon=True).start()
+    return finished
+
+
+@pytest.mark.parametrize("api", ["sync", "async"])
+def test_w4_a_connection_that_stops_answering_is_closed_and_the_step_retried(
+    provider: Any, proxy: TcpProxy, api: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Every open connection goes mute (a load balancer or NAT that dropped them without a
+    word; keepalives are not set): each wait gives up after COMMAND_TIMEOUT_SECONDS, closes
+    its connection and the step is retried on a new one. Without the bound, the turn waits
+    for ever."""
+    dsn = postgres_schema(uuid.uuid4().hex)
+    caplog.set_level(logging.WARNING, logger="threadkeep.retry")
+    with open_checkpointer("postgres", through(proxy, dsn, "tk-mute"), settings=MUTE_AFTER_1S) as saver:
+        finished = two_turns(build_agent(saver), "mute", api, proxy.stall)
+        assert finished.wait(60), "a mute connection held the turn"
+    assert any("did not answer within 1 s" in record.message for record in caplog.records)
+    assert checkpoints(dsn, "mute") == 2 * CHECKPOINTS_PER_TURN
+
+
+@pytest.mark.parametrize("api", ["sync", "async"])
+def test_w4_a_stopped_backend_is_given_up_and_the_step_retried(provider: Any, api: str) -> None:
+    """The saver's backends stop (SIGSTOP: alive to the kernel, which still acknowledges
+    what is sent, so neither keepalives nor TCP timeouts see it): the next turn gives up
+    on them and finishes on new ones, with every checkpoint."""
+    import os
+    import signal
+
+    dsn = postgres_schema(uuid.uuid4().hex)
+    name = f"tk-stop-{uuid.uuid4().hex[:8]}"
+    stopped: list[int] = []
+    try:
+        with open_checkpointer("postgres", f"{dsn} application_name={name}", settings=MUTE_AFTER_1S) as saver:
+
+            def stop_its_backends() -> None:
+                with admin() as conn:
+                    stopped.extend(
+                        pid
+                        for (pid,) in conn.execute(
+                            "SELECT pid FROM pg_stat_activity WHERE application_name = %s", (name,)
+                        ).fetchall()
+                    )
+                assert stopped  # the saver's pooled connections
+                for pid in stopped:
+                    os.kill(pid, signal.SIGSTOP)
+
+            finished = two_turns(build_agent(saver), "stopped", api, stop_its_backends)
+            assert finished.wait(60), "a stopped backend held the turn"
+            state = saver.get_tuple({"configurable": {"thread_id": "stopped"}})
+            assert len(state.checkpoint["channel_values"]["messages"]) == 2 * MESSAGES_PER_TURN
+    finally:
+        for pid in stopped:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+    assert checkpoints(dsn, "stopped") == 2 * CHECKPOINTS_PER_TURN
+    with admin() as watcher:  # resumed, the given-up backends find their client gone and end
+        deadline = time.monotonic() + 10
+        while watcher.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE pid = ANY(%s)", (stopped,)
+        ).fetchone()[0]:  # type: ignore[index]
+            assert time.monotonic() < deadline, "a given-up connection was left open"
+            time.sleep(0.05)
+
+
+@pytest.mark.parametrize("api", ["sync", "async"])
+def test_w4_postgres_answering_nothing_fails_the_run_and_leaves_nothing_half_written(
+    provider: Any, proxy: TcpProxy, api: str
+) -> None:
+    """Open connections mute and new ones never let through, for longer than the retries:
+    the turn fails with StorageError instead of waiting, and what was stored reads back."""
+    dsn = postgres_schema(uuid.uuid4().hex)
+    with open_checkpointer("postgres", through(proxy, dsn, "tk-silent"), settings=MUTE_AFTER_1S) as saver:
+        graph = build_agent(saver)
+        config: Any = {"configurable": {"thread_id": "silent"}}
+        stored: list[int] = []
+
+        def silence() -> None:
+            stored.append(checkpoints(dsn, "silent"))
+            proxy.hold()
+            proxy.stall()
+
+        async def both() -> None:
+            await graph.ainvoke(turn_input(0), config)
+            silence()
+            await graph.ainvoke(turn_input(1), config)
+
+        def sync() -> None:
+            graph.invoke(turn_input(0), config)
+            silence()
+            graph.invoke(turn_input(1), config)
+
+        turns = sync if api == "sync" else (lambda: asyncio.run(both()))
+        with pytest.raises(StorageError, match="unreachable after 3 attempts"):
+            turns()
+        proxy.release()
+    with open_checkpointer("postgres", dsn, settings=Settings()) as direct:
+        history = list(direct.list({"configurable": {"thread_id": "silent"}}))
+        assert [len(history)] == stored == [CHECKPOINTS_PER_TURN]
+        assert direct.stats("silent")["messages"] == MESSAGES_PER_TURN
 
 
 # A server (or role) whose default isolation is stricter than READ COMMITTED: the saver's

@@ -56,6 +56,7 @@ def _engine(settings: Settings, **options: Any) -> PostgresEngine:
             max_size=options.get("max_size", settings.pool_max_size),
             timeout=settings.pool_timeout_seconds,
             connect_timeout=settings.connect_timeout_seconds,
+            command_timeout=settings.command_timeout_seconds,
             prepare_threshold=options.get("prepare_threshold", settings.prepare_threshold),
         ),
         pool=pool,

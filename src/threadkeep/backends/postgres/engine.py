@@ -40,6 +40,7 @@ from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
 
 from threadkeep.backends.closing import PerLoop, close_elsewhere
 from threadkeep.backends.postgres import wire
+from threadkeep.backends.postgres.deadline import timed_classes
 from threadkeep.core.program import Batch, Program, ProgramFactory, Sql, SqlMany, drive, drive_async
 from threadkeep.core.retry import RetryPolicy
 from threadkeep.errors import StorageError
@@ -88,6 +89,8 @@ class PoolOptions:
         max_size: Connections at most, per pool.
         timeout: Seconds a call waits for a free connection before it fails (and retries).
         connect_timeout: Seconds a new connection may take.
+        command_timeout: Seconds a connection waits for the server's answer before it is
+            closed and the step retried on a new one (:mod:`.deadline`); ``None``, no bound.
         prepare_threshold: psycopg's: prepare a statement after it ran this many times;
             ``None`` never prepares (for PgBouncer in transaction mode).
     """
@@ -96,6 +99,7 @@ class PoolOptions:
     max_size: int = 10
     timeout: float = 30.0
     connect_timeout: float = 10.0
+    command_timeout: float | None = 30.0
     prepare_threshold: int | None = 5
 
 
@@ -184,9 +188,13 @@ class PostgresEngine:
             "connect_timeout": int(self.options.connect_timeout),
         }
 
-    def _pool_kwargs(self) -> dict[str, Any]:
-        """What both kinds of owned pool are built with (opened by the caller)."""
+    def _pool_kwargs(self, asynchronous: bool) -> dict[str, Any]:
+        """What an owned pool is built with (opened by the caller)."""
+        bounded = {}
+        if self.options.command_timeout is not None:
+            bounded["connection_class"] = timed_classes(self.options.command_timeout)[asynchronous]
         return {
+            **bounded,
             "min_size": self.options.min_size,
             "max_size": self.options.max_size,
             "timeout": self.options.timeout,
@@ -215,7 +223,10 @@ class PostgresEngine:
                 pool = self._pool
                 if pool is None:
                     pool = ConnectionPool(
-                        self.conninfo, check=check_alive, name="threadkeep", **self._pool_kwargs()
+                        self.conninfo,
+                        check=check_alive,
+                        name="threadkeep",
+                        **self._pool_kwargs(asynchronous=False),
                     )
                     pool.open(wait=True, timeout=self.options.timeout)
                     # Published, then the flag read: close() sets the flag, then takes the
@@ -239,7 +250,10 @@ class PostgresEngine:
                 pool = self._async_pools.get(loop)
                 if pool is None:
                     pool = AsyncConnectionPool(
-                        self.conninfo, check=check_alive_async, name="threadkeep-async", **self._pool_kwargs()
+                        self.conninfo,
+                        check=check_alive_async,
+                        name="threadkeep-async",
+                        **self._pool_kwargs(asynchronous=True),
                     )
                     await pool.open(wait=True, timeout=self.options.timeout)
                     self._async_pools.publish(loop, pool)
@@ -346,7 +360,7 @@ class PostgresEngine:
         loop = asyncio.get_running_loop()
         coalescer = self._coalescers.get(loop)
         if coalescer is None:
-            coalescer = self._coalescers[loop] = _Coalescer(self._async_pool)
+            coalescer = self._coalescers[loop] = _Coalescer(self._async_pool, self.options.command_timeout)
         return coalescer
 
     def connect(self) -> psycopg.Connection[Any]:
@@ -757,8 +771,9 @@ class _Coalescer:
     IN_FLIGHT: Final = 2
     MOST: Final = 64
 
-    def __init__(self, pool: Callable[[], Awaitable[AsyncConnectionPool]]) -> None:
+    def __init__(self, pool: Callable[[], Awaitable[AsyncConnectionPool]], deadline: float | None) -> None:
         self.pool = pool  # the loop's pool at each pipeline (a closed one is replaced)
+        self.deadline = deadline  # the owned pool's command timeout (deadline.py)
         self.waiting: list[_Waiting] = []
         self.running = 0
         self.tasks: set[asyncio.Task[None]] = set()  # the running ones, kept from the collector
@@ -814,7 +829,7 @@ class _Coalescer:
                             statements, results = _bounded(statements, results)
                         if pipeline.queue(statements, waiting.prepare):
                             sent.append((waiting, results))
-                    trips = pipeline.judge(await wire.wait(conn, pipeline.exchange()))
+                    trips = pipeline.judge(await wire.wait(conn, pipeline.exchange(), self.deadline))
                     pipeline.end()
                 except BaseException:
                     # what reached the server, and what is left to read, is not known

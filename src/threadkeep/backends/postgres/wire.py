@@ -36,6 +36,8 @@ from psycopg.adapt import PyFormat, Transformer
 from psycopg.generators import fetch, fetch_many, send
 from psycopg.waiting import READY_R, READY_W, WAIT_R, WAIT_W
 
+from threadkeep.backends.postgres.deadline import no_answer
+
 __all__ = ["WirePipeline", "wait"]
 
 _PLACEHOLDER = re.compile(r"%\(([^)]+)\)([sbt])|%%|%")
@@ -337,7 +339,9 @@ class WirePipeline:
         return self.tx.load_rows(0, result.ntuples, tuple)
 
 
-async def wait(conn: psycopg.AsyncConnection[Any], exchange: Generator[Any, Any, Any]) -> Any:
+async def wait(
+    conn: psycopg.AsyncConnection[Any], exchange: Generator[Any, Any, Any], deadline: float | None = None
+) -> Any:
     """What ``exchange`` (a psycopg non-blocking exchange on ``conn``) returns, driven on
     the running loop as ``conn.wait`` drives it, at less cost per wait: the socket stays
     registered while the exchange waits for it, and each readiness steps the exchange in
@@ -349,14 +353,17 @@ async def wait(conn: psycopg.AsyncConnection[Any], exchange: Generator[Any, Any,
 
     A cancelled wait stops at once, without the server cancel ``conn.wait`` sends: the
     caller closes the connection, and the server may finish the statement it was running.
+    So does one that lasts ``deadline`` seconds (the owned pool's command timeout,
+    :mod:`.deadline`).
 
     Raises:
-        psycopg.OperationalError: the socket failed (as ``conn.wait`` raises it).
+        psycopg.OperationalError: the socket failed (as ``conn.wait`` raises it), or the
+            server did not answer within ``deadline`` seconds.
         Exception: what the exchange raised.
     """
     loop = asyncio.get_running_loop()
     if not isinstance(loop, asyncio.selector_events.BaseSelectorEventLoop):
-        return await conn.wait(exchange)
+        return await conn.wait(exchange)  # bounded by the connection's class, if timed
     try:
         wanted = next(exchange)
     except StopIteration as stop:
@@ -367,9 +374,12 @@ async def wait(conn: psycopg.AsyncConnection[Any], exchange: Generator[Any, Any,
     except OSError as error:
         stepper.unregister()
         raise psycopg.OperationalError(f"connection socket failed: {error}") from error
+    timer = None if deadline is None else loop.call_later(deadline, stepper.expire, deadline)
     try:
         return await stepper.done
     finally:
+        if timer is not None:
+            timer.cancel()
         stepper.unregister()
 
 
@@ -409,6 +419,12 @@ class _Stepper:
         if was & WAIT_W:
             with contextlib.suppress(OSError):
                 self.loop.remove_writer(self.fileno)
+
+    def expire(self, deadline: float) -> None:
+        """End the wait: the server did not answer within ``deadline`` seconds."""
+        if not self.done.done():
+            self.done.set_exception(no_answer(deadline))
+        self.unregister()
 
     def step(self, ready: int) -> None:
         """Step the exchange on ``ready``; once it ends, settle ``done`` first, then stop
