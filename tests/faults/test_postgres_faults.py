@@ -153,35 +153,47 @@ def test_w4_postgres_refusing_connections_fails_the_run_and_leaves_nothing_half_
         assert direct.stats("outage")["messages"] == MESSAGES_PER_TURN
 
 
-# COMMAND_TIMEOUT_SECONDS at 1 s: a wait for a server that stopped answering gives up.
-MUTE_AFTER_1S = Settings(
-    retry_backoff_seconds=0.05, pool_timeout_seconds=1, connect_timeout_seconds=1, command_timeout_seconds=1
+# COMMAND_TIMEOUT_SECONDS at 2 s: a wait for a server that stopped answering gives up.
+MUTE_AFTER_2S = Settings(
+    retry_backoff_seconds=0.05, pool_timeout_seconds=2, connect_timeout_seconds=2, command_timeout_seconds=2
 )
 
 
-def two_turns(graph: Any, thread_id: str, api: str, between: Callable[[], None]) -> threading.Event:
-    """Run a turn, ``between()``, then another turn, in a thread of their own (so a hang
-    fails the test instead of stopping it) and, for ``async``, on one event loop (whose
-    pool ``between`` is about): the event is set once the second turn finished."""
-    finished = threading.Event()
-    config: Any = {"configurable": {"thread_id": thread_id}}
+class Turns:
+    """Turns of one thread run in a thread of their own, so that a hang fails the test
+    instead of stopping it; for ``async``, all on one event loop (whose pool a fault hits).
+    ``between`` runs after each turn but the last."""
 
-    async def both() -> None:
-        await graph.ainvoke(turn_input(0), config)
-        between()
-        await graph.ainvoke(turn_input(1), config)
+    def __init__(self, graph: Any, thread_id: str, api: str, count: int, between: Callable[[], None]) -> None:
+        self.finished = threading.Event()
+        self.error: BaseException | None = None
+        config: Any = {"configurable": {"thread_id": thread_id}}
 
-    def run() -> None:
-        if api == "sync":
-            graph.invoke(turn_input(0), config)
-            between()
-            graph.invoke(turn_input(1), config)
-        else:
-            asyncio.run(both())
-        finished.set()
+        async def all_async() -> None:
+            for turn in range(count):
+                await graph.ainvoke(turn_input(turn), config)
+                if turn < count - 1:
+                    between()
 
-    threading.Thread(target=run, daemon=True).start()
-    return finished
+        def run() -> None:
+            try:
+                if api == "sync":
+                    for turn in range(count):
+                        graph.invoke(turn_input(turn), config)
+                        if turn < count - 1:
+                            between()
+                else:
+                    asyncio.run(all_async())
+            except BaseException as error:
+                self.error = error
+            self.finished.set()
+
+        threading.Thread(target=run, daemon=True).start()
+
+    def result(self, seconds: float, what: str) -> BaseException | None:
+        """What the turns raised (None if they finished), failing if they took ``seconds``."""
+        assert self.finished.wait(seconds), what
+        return self.error
 
 
 @pytest.mark.parametrize("api", ["sync", "async"])
@@ -194,11 +206,20 @@ def test_w4_a_connection_that_stops_answering_is_closed_and_the_step_retried(
     for ever."""
     dsn = postgres_schema(uuid.uuid4().hex)
     caplog.set_level(logging.WARNING, logger="threadkeep.retry")
-    with open_checkpointer("postgres", through(proxy, dsn, "tk-mute"), settings=MUTE_AFTER_1S) as saver:
-        finished = two_turns(build_agent(saver), "mute", api, proxy.stall)
-        assert finished.wait(60), "a mute connection held the turn"
-    assert any("did not answer within 1 s" in record.message for record in caplog.records)
+    with open_checkpointer("postgres", through(proxy, dsn, "tk-mute"), settings=MUTE_AFTER_2S) as saver:
+        turns = Turns(build_agent(saver), "mute", api, 2, proxy.stall)
+        assert turns.result(60, "a mute connection held the turn") is None
+    assert any("did not answer within 2 s" in record.message for record in caplog.records)
     assert checkpoints(dsn, "mute") == 2 * CHECKPOINTS_PER_TURN
+
+
+def _local_postgres(pid: int) -> bool:
+    """Whether ``pid`` is a Postgres process of this machine (one this test can signal)."""
+    try:
+        with open(f"/proc/{pid}/comm") as comm:
+            return comm.read().strip() == "postgres"
+    except OSError:
+        return False
 
 
 @pytest.mark.parametrize("api", ["sync", "async"])
@@ -212,29 +233,39 @@ def test_w4_a_stopped_backend_is_given_up_and_the_step_retried(provider: Any, ap
     dsn = postgres_schema(uuid.uuid4().hex)
     name = f"tk-stop-{uuid.uuid4().hex[:8]}"
     stopped: list[int] = []
+    guard = threading.Lock()
+    cleaning = False
+
+    def stop_its_backends() -> None:
+        with admin() as conn:
+            pids = [
+                pid
+                for (pid,) in conn.execute(
+                    "SELECT pid FROM pg_stat_activity WHERE application_name = %s", (name,)
+                ).fetchall()
+            ]
+        assert pids, "the saver has no connection to stop"
+        assert all(map(_local_postgres, pids)), "Postgres must run here, as processes this test can signal"
+        with guard:  # never stopped once the test cleans up: nothing would resume it
+            if cleaning:
+                return
+            for pid in pids:
+                os.kill(pid, signal.SIGSTOP)
+                stopped.append(pid)
+
     try:
-        with open_checkpointer("postgres", f"{dsn} application_name={name}", settings=MUTE_AFTER_1S) as saver:
-
-            def stop_its_backends() -> None:
-                with admin() as conn:
-                    stopped.extend(
-                        pid
-                        for (pid,) in conn.execute(
-                            "SELECT pid FROM pg_stat_activity WHERE application_name = %s", (name,)
-                        ).fetchall()
-                    )
-                assert stopped  # the saver's pooled connections
-                for pid in stopped:
-                    os.kill(pid, signal.SIGSTOP)
-
-            finished = two_turns(build_agent(saver), "stopped", api, stop_its_backends)
-            assert finished.wait(60), "a stopped backend held the turn"
+        with open_checkpointer("postgres", f"{dsn} application_name={name}", settings=MUTE_AFTER_2S) as saver:
+            turns = Turns(build_agent(saver), "stopped", api, 2, stop_its_backends)
+            assert turns.result(60, "a stopped backend held the turn") is None
+            assert stopped
             state = saver.get_tuple({"configurable": {"thread_id": "stopped"}})
             assert len(state.checkpoint["channel_values"]["messages"]) == 2 * MESSAGES_PER_TURN
     finally:
-        for pid in stopped:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGCONT)
+        with guard:
+            cleaning = True
+            for pid in stopped:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGCONT)
     assert checkpoints(dsn, "stopped") == 2 * CHECKPOINTS_PER_TURN
     with admin() as watcher:  # resumed, the given-up backends find their client gone and end
         deadline = time.monotonic() + 10
@@ -252,34 +283,55 @@ def test_w4_postgres_answering_nothing_fails_the_run_and_leaves_nothing_half_wri
     """Open connections mute and new ones never let through, for longer than the retries:
     the turn fails with StorageError instead of waiting, and what was stored reads back."""
     dsn = postgres_schema(uuid.uuid4().hex)
-    with open_checkpointer("postgres", through(proxy, dsn, "tk-silent"), settings=MUTE_AFTER_1S) as saver:
-        graph = build_agent(saver)
-        config: Any = {"configurable": {"thread_id": "silent"}}
-        stored: list[int] = []
+    stored: list[int] = []
 
-        def silence() -> None:
-            stored.append(checkpoints(dsn, "silent"))
-            proxy.hold()
-            proxy.stall()
+    def silence() -> None:
+        stored.append(checkpoints(dsn, "silent"))
+        proxy.hold()
+        proxy.stall()
 
-        async def both() -> None:
-            await graph.ainvoke(turn_input(0), config)
-            silence()
-            await graph.ainvoke(turn_input(1), config)
-
-        def sync() -> None:
-            graph.invoke(turn_input(0), config)
-            silence()
-            graph.invoke(turn_input(1), config)
-
-        turns = sync if api == "sync" else (lambda: asyncio.run(both()))
-        with pytest.raises(StorageError, match="unreachable after 3 attempts"):
-            turns()
+    with open_checkpointer("postgres", through(proxy, dsn, "tk-silent"), settings=MUTE_AFTER_2S) as saver:
+        error = Turns(build_agent(saver), "silent", api, 2, silence).result(120, "the outage held the turn")
         proxy.release()
+    assert isinstance(error, StorageError)
+    assert "unreachable after 3 attempts" in str(error)
     with open_checkpointer("postgres", dsn, settings=Settings()) as direct:
         history = list(direct.list({"configurable": {"thread_id": "silent"}}))
         assert [len(history)] == stored == [CHECKPOINTS_PER_TURN]
         assert direct.stats("silent")["messages"] == MESSAGES_PER_TURN
+
+
+@pytest.mark.parametrize("api", ["sync", "async"])
+def test_w4_a_step_given_up_is_cancelled_on_the_server(provider: Any, api: str) -> None:
+    """A turn whose put waits on a lock longer than the bound, at every try: the run fails,
+    the given-up statements are cancelled on the server (none is left waiting on the lock,
+    to commit once it is free), and once the lock goes nothing of the failed step appears."""
+    import psycopg
+
+    dsn = postgres_schema(uuid.uuid4().hex)
+    name = f"tk-cancel-{uuid.uuid4().hex[:8]}"
+    with open_checkpointer("postgres", f"{dsn} application_name={name}", settings=MUTE_AFTER_2S) as saver:
+        graph = build_agent(saver)
+        Turns(graph, "locked", api, 1, lambda: None).result(30, "the first turn hung")
+        stored = checkpoints(dsn, "locked")
+        with psycopg.connect(dsn, autocommit=True) as holder:
+            holder.execute("BEGIN")
+            holder.execute("SELECT 1 FROM tk_threads WHERE thread_id = 'locked' FOR UPDATE")
+            error = Turns(graph, "locked", api, 1, lambda: None).result(120, "the locked turn hung")
+            assert isinstance(error, StorageError)
+            assert "may still finish its last try" in str(error)
+            with admin() as watcher:  # the tries' statements were cancelled, not left queued
+                deadline = time.monotonic() + 10
+                while watcher.execute(
+                    "SELECT count(*) FROM pg_stat_activity"
+                    " WHERE application_name = %s AND wait_event_type = 'Lock'",
+                    (name,),
+                ).fetchone()[0]:  # type: ignore[index]
+                    assert time.monotonic() < deadline, "a given-up statement still waits on the lock"
+                    time.sleep(0.05)
+            holder.execute("COMMIT")
+        time.sleep(0.5)  # what a left-over statement would commit, once the lock is free
+    assert checkpoints(dsn, "locked") == stored
 
 
 # A server (or role) whose default isolation is stricter than READ COMMITTED: the saver's

@@ -47,9 +47,13 @@ class RetryPolicy:
         if not self.retryable(error):
             raise StorageError(f"the {self.store} store failed: {error}") from error
         if attempt >= self.attempts:
+            outcome = (
+                "the server may still finish its last try: a step is stored whole or not at all"
+                if getattr(error, "unconfirmed", False)  # no answer (postgres/deadline.py)
+                else "nothing of this step was stored"
+            )
             raise StorageError(
-                f"the {self.store} store was unreachable after {attempt} attempts: {error}; "
-                "nothing of this step was stored",
+                f"the {self.store} store was unreachable after {attempt} attempts: {error}; {outcome}",
                 context={"attempts": attempt},
             ) from error
         delay: float = self.backoff * 2 ** (attempt - 1)

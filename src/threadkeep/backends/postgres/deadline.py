@@ -3,38 +3,99 @@
 A server that stops answering (a backend stopped or stuck, a load balancer or NAT that
 dropped the connection without a word) leaves a call waiting for its reply: libpq's
 keepalives do not see a stopped backend, whose kernel still acknowledges what is sent. So
-each wait of a pooled connection for the server ends after ``COMMAND_TIMEOUT_SECONDS``:
-the connection is then closed (what the server did with the step is not known) and the
-wait raises ``psycopg.OperationalError``, which the engine treats as a dropped connection:
-the step is retried whole on a fresh one (SPEC W4; a put whose first try committed passes
-on the retry). A pool the application gives keeps its own connections' behaviour.
+each wait of a pooled connection for the server ends after ``COMMAND_TIMEOUT_SECONDS``.
+The statement it waited for is then cancelled (libpq 17's cancel, itself bounded; an older
+libpq's cancel cannot be bounded and is not sent), the connection closed, and the wait
+raises :class:`NoAnswer`, which the engine treats as a dropped connection: the step is
+retried whole on a fresh one (SPEC W4). What the server did with the step is not known: a
+step is stored whole or not at all, and a put whose first try committed passes on its
+retry. A pool the application gives keeps its own connections' behaviour.
 
-The bound is on each wait (psycopg's ``Connection.wait``: a round trip's send and reply,
-a COMMIT, a pool's health check), not on a whole step; a step of several round trips may
-take several. The shared pipeline's exchange (:func:`threadkeep.backends.postgres.wire.wait`)
-has the same bound.
+The bound is on each wait (psycopg's ``Connection.wait``): a round trip's send and its
+whole reply, a lock wait included, a batch with its COMMIT, a pool's check of a
+connection. A step of several round trips may take several bounds. The shared pipeline's
+exchange (:func:`threadkeep.backends.postgres.wire.wait`) has the same bound. After a
+failure the engine tests the pool's idle connections (:func:`checks_bounded`: each
+within :data:`CHECK_SECONDS`), so a stalled network costs one bound, not one per idle
+connection.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import time
-from typing import Any, ClassVar, TypeVar
+from collections.abc import Iterator
+from typing import Any, ClassVar, Final, TypeVar
 
 import psycopg
 from psycopg.abc import PQGen
 
-__all__ = ["TimedAsyncConnection", "TimedConnection", "no_answer", "timed_classes"]
+__all__ = [
+    "CHECK_SECONDS",
+    "NoAnswer",
+    "TimedAsyncConnection",
+    "TimedConnection",
+    "checks_bounded",
+    "give_up",
+    "give_up_async",
+    "timed_classes",
+]
 
 RV = TypeVar("RV")
 
+# How long a pool's test of an idle connection (an empty query) may take after a failure,
+# and a cancel request: a server that answers takes milliseconds.
+CHECK_SECONDS: Final = 2.0
+_CANCEL_SECONDS: Final = 2.0
+_CHECKING: contextvars.ContextVar[float | None] = contextvars.ContextVar(
+    "threadkeep_pg_checking", default=None
+)
 
-def no_answer(seconds: float) -> psycopg.OperationalError:
-    """The error a wait that timed out raises (the connection is closed by then)."""
-    return psycopg.OperationalError(
-        f"Postgres did not answer within {seconds:g} s (COMMAND_TIMEOUT_SECONDS): the connection "
-        "was closed; the step is retried on a new one"
-    )
+
+class NoAnswer(psycopg.OperationalError):
+    """The server did not answer within the bound; the connection was cancelled and closed.
+    ``unconfirmed``: whether the step went through is not known (stored whole or not at all)."""
+
+    unconfirmed: Final = True
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__(
+            f"Postgres did not answer within {seconds:g} s (COMMAND_TIMEOUT_SECONDS): "
+            "its statement was cancelled and the connection closed"
+        )
+
+
+@contextlib.contextmanager
+def checks_bounded() -> Iterator[None]:
+    """Bound each wait inside by :data:`CHECK_SECONDS` too (a pool's ``check()``)."""
+    token = _CHECKING.set(CHECK_SECONDS)
+    try:
+        yield
+    finally:
+        _CHECKING.reset(token)
+
+
+def _bound(command_timeout: float) -> float:
+    checking = _CHECKING.get()
+    return command_timeout if checking is None else min(command_timeout, checking)
+
+
+def give_up(conn: psycopg.Connection[Any]) -> None:
+    """Cancel what ``conn`` is running (where the cancel can be bounded), and close it."""
+    if psycopg.capabilities.has_cancel_safe():
+        with contextlib.suppress(psycopg.Error):
+            conn.cancel_safe(timeout=_CANCEL_SECONDS)
+    conn.pgconn.finish()
+
+
+async def give_up_async(conn: psycopg.AsyncConnection[Any]) -> None:
+    """The async :func:`give_up`."""
+    if psycopg.capabilities.has_cancel_safe():
+        with contextlib.suppress(psycopg.Error):
+            await conn.cancel_safe(timeout=_CANCEL_SECONDS)
+    conn.pgconn.finish()
 
 
 class TimedConnection(psycopg.Connection[Any]):
@@ -45,14 +106,14 @@ class TimedConnection(psycopg.Connection[Any]):
     def wait(self, gen: PQGen[RV], interval: float = 0.1, timeout: float | None = None) -> RV:
         if timeout is not None:  # psycopg's own bound (a cancel, a close)
             return super().wait(gen, interval, timeout)
-        started = time.monotonic()
+        bound, started = _bound(self.command_timeout), time.monotonic()
         try:
-            return super().wait(gen, interval, self.command_timeout)
+            return super().wait(gen, interval, bound)
         except psycopg.OperationalError as error:
-            if time.monotonic() - started < self.command_timeout:
+            if time.monotonic() - started < bound:
                 raise  # not the bound: the connection failed by itself
-            self.pgconn.finish()
-            raise no_answer(self.command_timeout) from error
+            give_up(self)
+            raise NoAnswer(bound) from error
 
 
 class TimedAsyncConnection(psycopg.AsyncConnection[Any]):
@@ -68,14 +129,14 @@ class TimedAsyncConnection(psycopg.AsyncConnection[Any]):
     ) -> RV:
         if timeout is not None:
             return await super().wait(gen, interval, timeout)
-        started = time.monotonic()
+        bound, started = _bound(self.command_timeout), time.monotonic()
         try:
-            return await super().wait(gen, interval, self.command_timeout)
+            return await super().wait(gen, interval, bound)
         except psycopg.OperationalError as error:
-            if time.monotonic() - started < self.command_timeout:
+            if time.monotonic() - started < bound:
                 raise
-            self.pgconn.finish()
-            raise no_answer(self.command_timeout) from error
+            await give_up_async(self)
+            raise NoAnswer(bound) from error
 
 
 @functools.lru_cache(maxsize=16)

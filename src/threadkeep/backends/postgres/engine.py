@@ -4,8 +4,10 @@ Each program runs on one pooled connection, a write in one transaction. Its requ
 as few round trips as its reads allow (:func:`_round_trips`): a :class:`~threadkeep.core.
 program.Batch` in pipeline mode, BEGIN with the first round trip, and statements whose
 results nobody reads held back to travel with the next round trip or the COMMIT. A dropped
-connection (the server restarted, ``pg_terminate_backend``, a network cut) retries the whole
-program on a fresh connection as the retry policy says (SPEC W4). The pools check a
+connection (the server restarted, ``pg_terminate_backend``, a network cut), or one that did
+not answer within the command timeout (:mod:`.deadline`: a stopped backend, a connection a
+network device dropped without a word), retries the whole program on a fresh connection as
+the retry policy says (SPEC W4). The pools check a
 connection before lending it without a round trip (a backend the server already closed is
 replaced rather than used), and after a failure every idle connection is tested with one, so a
 server restart costs one retry, not one per pooled connection.
@@ -40,7 +42,7 @@ from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
 
 from threadkeep.backends.closing import PerLoop, close_elsewhere
 from threadkeep.backends.postgres import wire
-from threadkeep.backends.postgres.deadline import timed_classes
+from threadkeep.backends.postgres.deadline import checks_bounded, timed_classes
 from threadkeep.core.program import Batch, Program, ProgramFactory, Sql, SqlMany, drive, drive_async
 from threadkeep.core.retry import RetryPolicy
 from threadkeep.errors import StorageError
@@ -294,8 +296,10 @@ class PostgresEngine:
                 pool = self._given_pool or self._pool
                 if pool is not None:
                     # A server restart or a mass termination kills every pooled connection at
-                    # once: test the idle ones now instead of failing on each in turn.
-                    pool.check()
+                    # once (a stalled network mutes them all): test the idle ones now, each
+                    # briefly, instead of failing on each in turn.
+                    with checks_bounded():
+                        pool.check()
                 time.sleep(delay)
 
     @staticmethod
@@ -349,7 +353,8 @@ class PostgresEngine:
                 self._refuse_if_closed()
                 delay = self.retry.delay_after(error, tries)
                 if pool is not None:
-                    await pool.check()  # as in _retrying
+                    with checks_bounded():
+                        await pool.check()  # as in _retrying
                 await asyncio.sleep(delay)
 
     def _coalescer(self) -> _Coalescer | None:

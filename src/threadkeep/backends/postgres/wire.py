@@ -36,7 +36,7 @@ from psycopg.adapt import PyFormat, Transformer
 from psycopg.generators import fetch, fetch_many, send
 from psycopg.waiting import READY_R, READY_W, WAIT_R, WAIT_W
 
-from threadkeep.backends.postgres.deadline import no_answer
+from threadkeep.backends.postgres.deadline import NoAnswer, give_up_async
 
 __all__ = ["WirePipeline", "wait"]
 
@@ -353,12 +353,12 @@ async def wait(
 
     A cancelled wait stops at once, without the server cancel ``conn.wait`` sends: the
     caller closes the connection, and the server may finish the statement it was running.
-    So does one that lasts ``deadline`` seconds (the owned pool's command timeout,
-    :mod:`.deadline`).
+    One that lasts ``deadline`` seconds (the owned pool's command timeout, :mod:`.deadline`)
+    stops too, with the server's statement cancelled and the connection closed.
 
     Raises:
-        psycopg.OperationalError: the socket failed (as ``conn.wait`` raises it), or the
-            server did not answer within ``deadline`` seconds.
+        psycopg.OperationalError: the socket failed (as ``conn.wait`` raises it);
+            :class:`~.deadline.NoAnswer` if the server did not answer within ``deadline``.
         Exception: what the exchange raised.
     """
     loop = asyncio.get_running_loop()
@@ -377,6 +377,9 @@ async def wait(
     timer = None if deadline is None else loop.call_later(deadline, stepper.expire, deadline)
     try:
         return await stepper.done
+    except NoAnswer:
+        await give_up_async(conn)
+        raise
     finally:
         if timer is not None:
             timer.cancel()
@@ -423,7 +426,7 @@ class _Stepper:
     def expire(self, deadline: float) -> None:
         """End the wait: the server did not answer within ``deadline`` seconds."""
         if not self.done.done():
-            self.done.set_exception(no_answer(deadline))
+            self.done.set_exception(NoAnswer(deadline))
         self.unregister()
 
     def step(self, ready: int) -> None:
