@@ -396,3 +396,18 @@ def test_command_timeout_is_read_and_must_be_positive() -> None:
     for raw in ("0", "-1", "x"):
         with pytest.raises(ConfigurationError, match=variable):
             Settings.from_env({variable: raw})
+
+
+def test_w4_a_step_that_went_unanswered_is_not_said_to_be_unstored() -> None:
+    """Out of attempts after a try that got no answer (it may still run on the server),
+    even if later tries failed otherwise, the error does not say nothing was stored."""
+    from threadkeep import StorageError
+    from threadkeep.core.retry import RetryPolicy
+
+    retry = RetryPolicy(attempts=2, backoff=0.0, retryable=lambda error: True, store="postgres")
+    refused = ConnectionError("connection refused")
+    with pytest.raises(StorageError, match="nothing of this step was stored"):
+        retry.delay_after(refused, 2)
+    with pytest.raises(StorageError, match="may still finish its last try") as raised:
+        retry.delay_after(refused, 2, unconfirmed=True)
+    assert "nothing of this step was stored" not in str(raised.value)

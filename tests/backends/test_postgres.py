@@ -1189,17 +1189,24 @@ async def test_a_shared_exchange_the_server_never_answers_ends_at_its_deadline()
     from threadkeep.backends.postgres import wire
 
     ours, theirs = socket.socketpair()  # nothing is ever sent: never readable
+    given_up: list[str] = []
 
     def exchange() -> Any:
         yield WAIT_R
         raise AssertionError("stepped without an answer")
 
-    conn: Any = types.SimpleNamespace(pgconn=types.SimpleNamespace(socket=ours.fileno()))
+    async def cancel_safe(**bound: float) -> None:
+        given_up.append("cancel")
+
+    pgconn = types.SimpleNamespace(socket=ours.fileno(), finish=lambda: given_up.append("finish"))
+    conn: Any = types.SimpleNamespace(pgconn=pgconn, cancel_safe=cancel_safe)
     loop = asyncio.get_running_loop()
     try:
         with pytest.raises(psycopg.OperationalError, match=r"did not answer within 0\.2 s"):
             await asyncio.wait_for(wire.wait(conn, exchange(), 0.2), 5)
         assert not loop.remove_reader(ours.fileno())  # no longer watched
+        cancels = psycopg.capabilities.has_cancel_safe()
+        assert given_up == (["cancel", "finish"] if cancels else ["finish"])  # the server's statement too
     finally:
         ours.close()
         theirs.close()

@@ -213,13 +213,24 @@ def test_w4_a_connection_that_stops_answering_is_closed_and_the_step_retried(
     assert checkpoints(dsn, "mute") == 2 * CHECKPOINTS_PER_TURN
 
 
-def _local_postgres(pid: int) -> bool:
-    """Whether ``pid`` is a Postgres process of this machine (one this test can signal)."""
+def _children_of_local_postmaster(pids: list[int]) -> bool:
+    """Whether every one of ``pids`` is a backend of the server under test, running on this
+    machine (its postmaster's pid, from ``postmaster.pid`` in its data directory, is their
+    parent): only then may the test stop them."""
+    import os
+
+    with admin() as conn:
+        directory = conn.execute("SHOW data_directory").fetchone()[0]  # type: ignore[index]
     try:
-        with open(f"/proc/{pid}/comm") as comm:
-            return comm.read().strip() == "postgres"
-    except OSError:
+        with open(os.path.join(directory, "postmaster.pid")) as pidfile:
+            postmaster = int(pidfile.readline())
+        parents = []
+        for pid in pids:
+            with open(f"/proc/{pid}/status") as status:
+                parents += [int(line.split()[1]) for line in status if line.startswith("PPid:")]
+    except (OSError, ValueError):
         return False
+    return parents == [postmaster] * len(pids)
 
 
 @pytest.mark.parametrize("api", ["sync", "async"])
@@ -245,7 +256,7 @@ def test_w4_a_stopped_backend_is_given_up_and_the_step_retried(provider: Any, ap
                 ).fetchall()
             ]
         assert pids, "the saver has no connection to stop"
-        assert all(map(_local_postgres, pids)), "Postgres must run here, as processes this test can signal"
+        assert _children_of_local_postmaster(pids), "Postgres must run here, as processes the test can signal"
         with guard:  # never stopped once the test cleans up: nothing would resume it
             if cleaning:
                 return
@@ -301,6 +312,26 @@ def test_w4_postgres_answering_nothing_fails_the_run_and_leaves_nothing_half_wri
         assert direct.stats("silent")["messages"] == MESSAGES_PER_TURN
 
 
+def test_w4_after_a_failure_each_idle_connection_is_tested_within_the_check_bound(
+    provider: Any, proxy: TcpProxy
+) -> None:
+    """The pool's test of its idle connections after a failure waits for each no longer
+    than the check bound (2 s), not the command timeout (here 30 s), and sends no cancel
+    for the empty statement."""
+    import psycopg
+
+    from threadkeep.backends.postgres.deadline import NoAnswer, checks_bounded, timed_classes
+
+    timed = timed_classes(30.0)[0]
+    with timed.connect(through(proxy, POSTGRES_URL, "tk-check"), autocommit=True) as conn:
+        conn.execute("SELECT 1")
+        proxy.stall()
+        with checks_bounded(), pytest.raises(NoAnswer, match=r"within 2 s \(testing an idle connection\)"):
+            conn.execute("")
+        assert conn.closed
+    assert isinstance(NoAnswer.after(2.0), psycopg.OperationalError)
+
+
 @pytest.mark.parametrize("api", ["sync", "async"])
 def test_w4_a_step_given_up_is_cancelled_on_the_server(provider: Any, api: str) -> None:
     """A turn whose put waits on a lock longer than the bound, at every try: the run fails,
@@ -312,7 +343,7 @@ def test_w4_a_step_given_up_is_cancelled_on_the_server(provider: Any, api: str) 
     name = f"tk-cancel-{uuid.uuid4().hex[:8]}"
     with open_checkpointer("postgres", f"{dsn} application_name={name}", settings=MUTE_AFTER_2S) as saver:
         graph = build_agent(saver)
-        Turns(graph, "locked", api, 1, lambda: None).result(30, "the first turn hung")
+        assert Turns(graph, "locked", api, 1, lambda: None).result(30, "the first turn hung") is None
         stored = checkpoints(dsn, "locked")
         with psycopg.connect(dsn, autocommit=True) as holder:
             holder.execute("BEGIN")

@@ -35,8 +35,9 @@ class RetryPolicy:
     retryable: Callable[[BaseException], bool]
     store: str
 
-    def delay_after(self, error: BaseException, attempt: int) -> float:
-        """How long to wait before try ``attempt + 1`` after ``error`` ended try ``attempt``.
+    def delay_after(self, error: BaseException, attempt: int, *, unconfirmed: bool = False) -> float:
+        """How long to wait before try ``attempt + 1`` after ``error`` ended try ``attempt``;
+        ``unconfirmed``: an earlier try ended without an answer (its step may still run).
 
         Raises:
             ThreadkeepError: ``error`` itself when it is one of ours (a conflict, a refusal).
@@ -49,7 +50,7 @@ class RetryPolicy:
         if attempt >= self.attempts:
             outcome = (
                 "the server may still finish its last try: a step is stored whole or not at all"
-                if getattr(error, "unconfirmed", False)  # no answer (postgres/deadline.py)
+                if unconfirmed or getattr(error, "unconfirmed", False)  # no answer (postgres/deadline.py)
                 else "nothing of this step was stored"
             )
             raise StorageError(

@@ -4,11 +4,13 @@ A server that stops answering (a backend stopped or stuck, a load balancer or NA
 dropped the connection without a word) leaves a call waiting for its reply: libpq's
 keepalives do not see a stopped backend, whose kernel still acknowledges what is sent. So
 each wait of a pooled connection for the server ends after ``COMMAND_TIMEOUT_SECONDS``.
-The statement it waited for is then cancelled (libpq 17's cancel, itself bounded; an older
-libpq's cancel cannot be bounded and is not sent), the connection closed, and the wait
+A cancel is then sent for what the server is running (libpq 17's cancel, itself bounded; an
+older libpq's cannot be bounded and is not sent), the connection closed, and the wait
 raises :class:`NoAnswer`, which the engine treats as a dropped connection: the step is
-retried whole on a fresh one (SPEC W4). What the server did with the step is not known: a
-step is stored whole or not at all, and a put whose first try committed passes on its
+retried whole on a fresh one (SPEC W4). What the server did with the step is not known: the
+cancel stops the statement it reaches, a transaction it interrupts rolls back, but a
+backend stopped while idle, or a network that delivers the request late, may still run
+it. A step is stored whole or not at all, and a put whose first try committed passes on its
 retry. A pool the application gives keeps its own connections' behaviour.
 
 The bound is on each wait (psycopg's ``Connection.wait``): a round trip's send and its
@@ -16,8 +18,8 @@ whole reply, a lock wait included, a batch with its COMMIT, a pool's check of a
 connection. A step of several round trips may take several bounds. The shared pipeline's
 exchange (:func:`threadkeep.backends.postgres.wire.wait`) has the same bound. After a
 failure the engine tests the pool's idle connections (:func:`checks_bounded`: each
-within :data:`CHECK_SECONDS`), so a stalled network costs one bound, not one per idle
-connection.
+within :data:`CHECK_SECONDS`, without a cancel), so a stalled network costs one bound and a
+few seconds per idle connection, not a bound each.
 """
 
 from __future__ import annotations
@@ -55,16 +57,16 @@ _CHECKING: contextvars.ContextVar[float | None] = contextvars.ContextVar(
 
 
 class NoAnswer(psycopg.OperationalError):
-    """The server did not answer within the bound; the connection was cancelled and closed.
+    """The server did not answer within the bound; the connection was closed.
     ``unconfirmed``: whether the step went through is not known (stored whole or not at all)."""
 
     unconfirmed: Final = True
 
-    def __init__(self, seconds: float) -> None:
-        super().__init__(
-            f"Postgres did not answer within {seconds:g} s (COMMAND_TIMEOUT_SECONDS): "
-            "its statement was cancelled and the connection closed"
-        )
+    @classmethod
+    def after(cls, seconds: float) -> NoAnswer:
+        checking = _CHECKING.get() is not None
+        bound = "testing an idle connection" if checking else "COMMAND_TIMEOUT_SECONDS"
+        return cls(f"Postgres did not answer within {seconds:g} s ({bound}): the connection was closed")
 
 
 @contextlib.contextmanager
@@ -82,20 +84,32 @@ def _bound(command_timeout: float) -> float:
     return command_timeout if checking is None else min(command_timeout, checking)
 
 
+def _cancels() -> bool:
+    """Whether a given-up wait sends a cancel: one that can be bounded, for a statement (a
+    pool's test of an idle connection runs an empty one)."""
+    return _CHECKING.get() is None and psycopg.capabilities.has_cancel_safe()
+
+
 def give_up(conn: psycopg.Connection[Any]) -> None:
-    """Cancel what ``conn`` is running (where the cancel can be bounded), and close it."""
-    if psycopg.capabilities.has_cancel_safe():
-        with contextlib.suppress(psycopg.Error):
+    """Cancel what ``conn`` is running (where :func:`_cancels`), and close it."""
+    try:
+        if _cancels():
             conn.cancel_safe(timeout=_CANCEL_SECONDS)
-    conn.pgconn.finish()
+    except Exception:  # the connection is closed either way
+        pass
+    finally:
+        conn.pgconn.finish()
 
 
 async def give_up_async(conn: psycopg.AsyncConnection[Any]) -> None:
     """The async :func:`give_up`."""
-    if psycopg.capabilities.has_cancel_safe():
-        with contextlib.suppress(psycopg.Error):
+    try:
+        if _cancels():
             await conn.cancel_safe(timeout=_CANCEL_SECONDS)
-    conn.pgconn.finish()
+    except Exception:
+        pass
+    finally:
+        conn.pgconn.finish()
 
 
 class TimedConnection(psycopg.Connection[Any]):
@@ -113,7 +127,7 @@ class TimedConnection(psycopg.Connection[Any]):
             if time.monotonic() - started < bound:
                 raise  # not the bound: the connection failed by itself
             give_up(self)
-            raise NoAnswer(bound) from error
+            raise NoAnswer.after(bound) from error
 
 
 class TimedAsyncConnection(psycopg.AsyncConnection[Any]):
@@ -136,7 +150,7 @@ class TimedAsyncConnection(psycopg.AsyncConnection[Any]):
             if time.monotonic() - started < bound:
                 raise
             await give_up_async(self)
-            raise NoAnswer(bound) from error
+            raise NoAnswer.after(bound) from error
 
 
 @functools.lru_cache(maxsize=16)

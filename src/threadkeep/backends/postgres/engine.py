@@ -42,7 +42,7 @@ from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
 
 from threadkeep.backends.closing import PerLoop, close_elsewhere
 from threadkeep.backends.postgres import wire
-from threadkeep.backends.postgres.deadline import checks_bounded, timed_classes
+from threadkeep.backends.postgres.deadline import NoAnswer, checks_bounded, timed_classes
 from threadkeep.core.program import Batch, Program, ProgramFactory, Sql, SqlMany, drive, drive_async
 from threadkeep.core.retry import RetryPolicy
 from threadkeep.errors import StorageError
@@ -91,8 +91,9 @@ class PoolOptions:
         max_size: Connections at most, per pool.
         timeout: Seconds a call waits for a free connection before it fails (and retries).
         connect_timeout: Seconds a new connection may take.
-        command_timeout: Seconds a connection waits for the server's answer before it is
-            closed and the step retried on a new one (:mod:`.deadline`); ``None``, no bound.
+        command_timeout: Seconds a connection waits for the server's answer before a cancel
+            is sent, the connection closed and the step retried on a new one
+            (:mod:`.deadline`: its outcome is then unconfirmed); ``None``, no bound.
         prepare_threshold: psycopg's: prepare a statement after it ran this many times;
             ``None`` never prepares (for PgBouncer in transaction mode).
     """
@@ -285,14 +286,15 @@ class PostgresEngine:
         return self._retrying(lambda: self._once(make, self.connect(), True, prepare))
 
     def _retrying(self, attempt: Callable[[], T]) -> T:
-        tries = 0
+        tries, unconfirmed = 0, False
         while True:
             tries += 1
             try:
                 return attempt()
             except Exception as error:
                 self._refuse_if_closed()  # closed meanwhile: say so, not what the closing broke
-                delay = self.retry.delay_after(error, tries)
+                delay = self.retry.delay_after(error, tries, unconfirmed=unconfirmed)
+                unconfirmed = unconfirmed or isinstance(error, NoAnswer)
                 pool = self._given_pool or self._pool
                 if pool is not None:
                     # A server restart or a mass termination kills every pooled connection at
@@ -321,7 +323,7 @@ class PostgresEngine:
         trip that opens no transaction, or holds a whole one, may go with other calls'
         (:func:`_coalescible`, :class:`_Coalescer`); what the program asks after it, on a
         connection of its own."""
-        tries = 0
+        tries, unconfirmed = 0, False
         pool: AsyncConnectionPool | None = None
         prepare = self._preparing[write]
         while True:
@@ -351,7 +353,8 @@ class PostgresEngine:
                         raise
             except Exception as error:
                 self._refuse_if_closed()
-                delay = self.retry.delay_after(error, tries)
+                delay = self.retry.delay_after(error, tries, unconfirmed=unconfirmed)
+                unconfirmed = unconfirmed or isinstance(error, NoAnswer)
                 if pool is not None:
                     with checks_bounded():
                         await pool.check()  # as in _retrying

@@ -354,7 +354,8 @@ async def wait(
     A cancelled wait stops at once, without the server cancel ``conn.wait`` sends: the
     caller closes the connection, and the server may finish the statement it was running.
     One that lasts ``deadline`` seconds (the owned pool's command timeout, :mod:`.deadline`)
-    stops too, with the server's statement cancelled and the connection closed.
+    stops too, after a cancel is sent for the server's statement; the caller closes the
+    connection.
 
     Raises:
         psycopg.OperationalError: the socket failed (as ``conn.wait`` raises it);
@@ -426,7 +427,7 @@ class _Stepper:
     def expire(self, deadline: float) -> None:
         """End the wait: the server did not answer within ``deadline`` seconds."""
         if not self.done.done():
-            self.done.set_exception(NoAnswer(deadline))
+            self.done.set_exception(NoAnswer.after(deadline))
         self.unregister()
 
     def step(self, ready: int) -> None:
