@@ -21,6 +21,7 @@ from typing import Any, Final
 
 from threadkeep.core.identity import operator_scope
 from threadkeep.core.retention import ExpiredThread, Horizon, SweepPage
+from threadkeep.core.retry import maintenance
 from threadkeep.errors import CheckpointDeleteError, ConfigurationError
 from threadkeep.metrics import METRICS, SWEEP_DELETED, SWEEP_SPARED, Metrics
 from threadkeep.saver import ThreadkeepSaver
@@ -197,6 +198,10 @@ class _Sweep:
         )
 
     def run(self) -> SweepResult:
+        with maintenance():  # long round trips, nobody waiting: no command timeout
+            return self._run()
+
+    def _run(self) -> SweepResult:
         expiry = self.saver.facts.expiry
         horizons: list[Horizon] = ["finished", "waiting"] if expiry == "sweep" else ["finished"]
         if expiry != "sweep":

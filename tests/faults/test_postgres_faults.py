@@ -614,3 +614,42 @@ def test_p7_close_does_not_wait_for_a_pool_another_thread_is_opening(
         ).fetchone()[0]:  # type: ignore[index]
             assert time.monotonic() < deadline, "the pool opened after close() was left open"
             time.sleep(0.05)
+
+
+def test_w4_the_sweep_is_not_cut_short_by_the_command_timeout(provider: Any) -> None:
+    """The sweep's round trips may be long (the rows of a page of threads deleted at once, a
+    lock to wait for) and nobody waits on them: they run without the command timeout, where
+    a call with the same bound gives up."""
+    import psycopg
+
+    from tests.retention.test_retention import Clock, write
+    from threadkeep import sweep_checkpoints
+
+    dsn = postgres_schema(uuid.uuid4().hex)
+    clock = Clock()
+    settings = Settings(
+        retention_waiting_minutes=600,
+        retention_finished_minutes=60,
+        retry_attempts=2,  # 2 tries of 1 s each: the lock below outlasts them
+        retry_backoff_seconds=0.05,
+        command_timeout_seconds=1,
+    )
+    with open_checkpointer("postgres", dsn, settings=settings, clock=clock) as saver:
+        for thread in ("done", "busy"):
+            write(saver, thread)
+        saver.mark_finished(["done"])
+        clock.advance(61)
+        with psycopg.connect(dsn, autocommit=True) as holder:
+            holder.execute("BEGIN")
+            holder.execute("SELECT 1 FROM tk_threads WHERE thread_id IN ('done', 'busy') FOR UPDATE")
+            with pytest.raises(StorageError, match="did not answer within 1 s"):
+                saver.delete_thread("busy")  # a call: bounded
+            release = threading.Timer(3.5, holder.execute, ("COMMIT",))
+            release.start()
+            try:
+                result = sweep_checkpoints(saver)  # waits 3.5 s for the lock, past every try's bound
+            finally:
+                release.join()
+        assert result.finished_swept == 1
+        assert saver.get_tuple({"configurable": {"thread_id": "done"}}) is None
+        assert saver.get_tuple({"configurable": {"thread_id": "busy"}}) is not None

@@ -8,15 +8,36 @@ default). Anything else, and a connection failure that outlasts the attempts, be
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from threadkeep.errors import StorageError, ThreadkeepError
 
-__all__ = ["RetryPolicy"]
+__all__ = ["RetryPolicy", "maintenance", "under_maintenance"]
 
 logger = logging.getLogger("threadkeep.retry")
+
+_MAINTENANCE: contextvars.ContextVar[bool] = contextvars.ContextVar("threadkeep_maintenance", default=False)
+
+
+@contextlib.contextmanager
+def maintenance() -> Iterator[None]:
+    """Mark the work inside as maintenance (the sweep): its round trips may be long (the rows
+    of many threads deleted at once) and nobody waits on them, so a store's command timeout
+    does not cut them short (``backends/postgres/deadline.py``)."""
+    token = _MAINTENANCE.set(True)
+    try:
+        yield
+    finally:
+        _MAINTENANCE.reset(token)
+
+
+def under_maintenance() -> bool:
+    """Whether the calling code runs inside :func:`maintenance`."""
+    return _MAINTENANCE.get()
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,7 +16,9 @@ retry. A pool the application gives keeps its own connections' behaviour.
 The bound is on each wait (psycopg's ``Connection.wait``): a round trip's send and its
 whole reply, a lock wait included, a batch with its COMMIT, a pool's check of a
 connection. A step of several round trips may take several bounds. The shared pipeline's
-exchange (:func:`threadkeep.backends.postgres.wire.wait`) has the same bound. After a
+exchange (:func:`threadkeep.backends.postgres.wire.wait`) has the same bound. The sweep
+runs without it (:func:`threadkeep.core.retry.maintenance`): its round trips delete the rows
+of up to a page of threads at once, and no run waits on them. After a
 failure the engine tests the pool's idle connections (:func:`checks_bounded`: each
 within :data:`CHECK_SECONDS`, without a cancel), so a stalled network costs one bound and a
 few seconds per idle connection, not a bound each.
@@ -33,6 +35,8 @@ from typing import Any, ClassVar, Final, TypeVar
 
 import psycopg
 from psycopg.abc import PQGen
+
+from threadkeep.core.retry import under_maintenance
 
 __all__ = [
     "CHECK_SECONDS",
@@ -79,9 +83,13 @@ def checks_bounded() -> Iterator[None]:
         _CHECKING.reset(token)
 
 
-def _bound(command_timeout: float) -> float:
+def _bound(command_timeout: float) -> float | None:
+    """The bound of a wait: the command timeout, the check bound while a pool tests its
+    connections, none for maintenance (the sweep: long round trips, nobody waiting)."""
     checking = _CHECKING.get()
-    return command_timeout if checking is None else min(command_timeout, checking)
+    if checking is not None:
+        return min(command_timeout, checking)
+    return None if under_maintenance() else command_timeout
 
 
 def _cancels() -> bool:
@@ -118,9 +126,9 @@ class TimedConnection(psycopg.Connection[Any]):
     command_timeout: ClassVar[float] = 30.0
 
     def wait(self, gen: PQGen[RV], interval: float = 0.1, timeout: float | None = None) -> RV:
-        if timeout is not None:  # psycopg's own bound (a cancel, a close)
-            return super().wait(gen, interval, timeout)
         bound, started = _bound(self.command_timeout), time.monotonic()
+        if timeout is not None or bound is None:  # psycopg's own bound (a cancel, a close)
+            return super().wait(gen, interval, timeout)
         try:
             return super().wait(gen, interval, bound)
         except psycopg.OperationalError as error:
@@ -141,9 +149,9 @@ class TimedAsyncConnection(psycopg.AsyncConnection[Any]):
         interval: float = 0.1,
         timeout: float | None = None,  # noqa: ASYNC109  # psycopg's signature, overridden
     ) -> RV:
-        if timeout is not None:
-            return await super().wait(gen, interval, timeout)
         bound, started = _bound(self.command_timeout), time.monotonic()
+        if timeout is not None or bound is None:
+            return await super().wait(gen, interval, timeout)
         try:
             return await super().wait(gen, interval, bound)
         except psycopg.OperationalError as error:
