@@ -58,7 +58,8 @@ class RetryPolicy:
 
     def delay_after(self, error: BaseException, attempt: int, *, unconfirmed: bool = False) -> float:
         """How long to wait before try ``attempt + 1`` after ``error`` ended try ``attempt``;
-        ``unconfirmed``: an earlier try ended without an answer (its step may still run).
+        ``unconfirmed``: a try so far (this one included) ended without an answer, so its
+        step may still run on the server.
 
         Raises:
             ThreadkeepError: ``error`` itself when it is one of ours (a conflict, a refusal).
@@ -70,8 +71,8 @@ class RetryPolicy:
             raise StorageError(f"the {self.store} store failed: {error}") from error
         if attempt >= self.attempts:
             outcome = (
-                "the server may still finish its last try: a step is stored whole or not at all"
-                if unconfirmed or getattr(error, "unconfirmed", False)  # no answer (postgres/deadline.py)
+                "a try got no answer and the server may still finish it: a step is stored whole or not at all"
+                if unconfirmed
                 else "nothing of this step was stored"
             )
             raise StorageError(

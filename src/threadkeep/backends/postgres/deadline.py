@@ -61,10 +61,8 @@ _CHECKING: contextvars.ContextVar[float | None] = contextvars.ContextVar(
 
 
 class NoAnswer(psycopg.OperationalError):
-    """The server did not answer within the bound; the connection was closed.
-    ``unconfirmed``: whether the step went through is not known (stored whole or not at all)."""
-
-    unconfirmed: Final = True
+    """The server did not answer within the bound; the connection was closed. Whether the
+    step went through is not known (it is stored whole or not at all)."""
 
     @classmethod
     def after(cls, seconds: float) -> NoAnswer:
@@ -126,9 +124,10 @@ class TimedConnection(psycopg.Connection[Any]):
     command_timeout: ClassVar[float] = 30.0
 
     def wait(self, gen: PQGen[RV], interval: float = 0.1, timeout: float | None = None) -> RV:
-        bound, started = _bound(self.command_timeout), time.monotonic()
-        if timeout is not None or bound is None:  # psycopg's own bound (a cancel, a close)
+        bound = None if timeout is not None else _bound(self.command_timeout)
+        if bound is None:  # psycopg's own bound (a cancel, a close), or none (the sweep)
             return super().wait(gen, interval, timeout)
+        started = time.monotonic()
         try:
             return super().wait(gen, interval, bound)
         except psycopg.OperationalError as error:
@@ -149,9 +148,10 @@ class TimedAsyncConnection(psycopg.AsyncConnection[Any]):
         interval: float = 0.1,
         timeout: float | None = None,  # noqa: ASYNC109  # psycopg's signature, overridden
     ) -> RV:
-        bound, started = _bound(self.command_timeout), time.monotonic()
-        if timeout is not None or bound is None:
+        bound = None if timeout is not None else _bound(self.command_timeout)
+        if bound is None:
             return await super().wait(gen, interval, timeout)
+        started = time.monotonic()
         try:
             return await super().wait(gen, interval, bound)
         except psycopg.OperationalError as error:

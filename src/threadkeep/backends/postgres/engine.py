@@ -293,8 +293,8 @@ class PostgresEngine:
                 return attempt()
             except Exception as error:
                 self._refuse_if_closed()  # closed meanwhile: say so, not what the closing broke
-                delay = self.retry.delay_after(error, tries, unconfirmed=unconfirmed)
                 unconfirmed = unconfirmed or isinstance(error, NoAnswer)
+                delay = self.retry.delay_after(error, tries, unconfirmed=unconfirmed)
                 pool = self._given_pool or self._pool
                 if pool is not None:
                     # A server restart or a mass termination kills every pooled connection at
@@ -353,8 +353,8 @@ class PostgresEngine:
                         raise
             except Exception as error:
                 self._refuse_if_closed()
-                delay = self.retry.delay_after(error, tries, unconfirmed=unconfirmed)
                 unconfirmed = unconfirmed or isinstance(error, NoAnswer)
+                delay = self.retry.delay_after(error, tries, unconfirmed=unconfirmed)
                 if pool is not None:
                     with checks_bounded():
                         await pool.check()  # as in _retrying
