@@ -13,6 +13,7 @@ from threadkeep.core.messages import (
     EncodingMemo,
     MessageChain,
     chain_ref,
+    chain_tail,
     digest_of,
     parse_chain_ref,
 )
@@ -253,7 +254,8 @@ def test_a_walked_list_from_buffers_is_kept_as_bytes_in_list_order() -> None:
     # (depth, digest, type, payload), the last message first as a walk may return them
     rows = [(2 - i, memoryview(digests[i]), stored[i][0], memoryview(stored[i][1])) for i in (2, 0, 1)]
     content = ContentCache()
-    tail = b"t" * 16
+    tail = chain_tail(digests)  # a walk's digests must lead to its tail
+    assert tail is not None
     assert _walked_list(content, "thread", tail, 3, rows) == stored
     assert content.messages(tail) == stored
     assert all(type(payload) is bytes for _, payload in content.messages(tail) or [])

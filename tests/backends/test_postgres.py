@@ -246,6 +246,46 @@ def test_s1_a_list_missing_a_stored_message_fails_the_read_naming_what_is_missin
         reader.get_tuple(config)
 
 
+@pytest.mark.parametrize("damage", ["page out of order", "link names another message"])
+def test_s1_a_list_whose_links_do_not_lead_to_its_tail_is_refused(provider: Any, damage: str) -> None:
+    """A page is read in place of the 32 links it closes, and a link names its message: one
+    damaged (by hand, by a bug) so that it names the right messages in the wrong order, or
+    another message of the thread, must not be read as the list. A new reader refuses the
+    state and its history (each walk checks that the digests lead to the list's tail)."""
+    from threadkeep import CheckpointSerializationError
+
+    dsn = postgres_schema(uuid.uuid4().hex)
+    config: Any = {"configurable": {"thread_id": "t"}}
+    with open_checkpointer("postgres", dsn, settings=Settings()) as writer:
+        run_turns(build_agent(writer), "t", 5)  # 40 messages: a page closes at position 31
+    with connect(dsn) as conn:
+        if damage == "page out of order":
+            changed = conn.execute(
+                "UPDATE tk_message_links"
+                " SET page = substring(page from 17 for 16) || substring(page from 1 for 16)"
+                " || substring(page from 33) WHERE page IS NOT NULL"
+            ).rowcount
+        else:  # the newest link, past the page: every list of the last turn's checkpoints has it
+            changed = conn.execute(
+                "UPDATE tk_message_links SET digest = (SELECT digest FROM tk_message_links"
+                " WHERE prev IS NULL) WHERE node = (SELECT node FROM tk_message_links AS l"
+                " WHERE NOT EXISTS (SELECT 1 FROM tk_message_links AS n WHERE n.prev = l.node))"
+            ).rowcount
+    assert changed == 1
+    with open_checkpointer("postgres", dsn, settings=Settings()) as reader:
+        with pytest.raises(CheckpointSerializationError, match="do not lead to the list's tail"):
+            reader.get_tuple(config)
+        with pytest.raises(CheckpointSerializationError, match="do not lead to the list's tail"):
+            list(reader.list(config))
+    with connect(dsn) as conn:  # the fourth checkpoint: a list of the first turn, before the damage
+        ids = conn.execute("SELECT checkpoint_id FROM tk_checkpoints ORDER BY checkpoint_id").fetchall()
+        (early_id,) = ids[3]
+    with open_checkpointer("postgres", dsn, settings=Settings()) as reader:
+        early = reader.get_tuple({"configurable": {"thread_id": "t", "checkpoint_id": early_id}})
+        assert early is not None
+        assert len(early.checkpoint["channel_values"]["messages"]) == 3
+
+
 def test_asyncio_run_ends_while_the_pool_is_busy_with_its_own_work(provider: Any) -> None:
     """asyncio.run cancels the tasks left when its coroutine ends. A psycopg_pool worker in
     the middle of a maintenance task (a connection being added as the pool grows) takes that

@@ -255,3 +255,34 @@ def test_unwritable_location_is_a_clear_storage_error(tmp_path: Path) -> None:
     blocker.write_text("not a folder")
     with pytest.raises(StorageError, match="writable path"):
         open_at(blocker / "store.sqlite")
+
+
+def test_s1_a_list_whose_links_do_not_lead_to_its_tail_is_refused(tmp_path: Path) -> None:
+    """A link names its message: one damaged (by hand, by a bug) so that it names another
+    message of the thread must not be read as the list. A new reader refuses the state; a
+    list from before the damaged link reads as written."""
+    from threadkeep import CheckpointSerializationError
+
+    path = tmp_path / "store.db"
+    with open_at(path) as writer:
+        run_turns(build_agent(writer), "t", 2)
+    conn = sqlite3.connect(path)
+    with conn:
+        changed = conn.execute(
+            "UPDATE tk_message_links SET digest = (SELECT digest FROM tk_message_links WHERE prev IS NULL)"
+            " WHERE node = (SELECT node FROM tk_message_links AS l"
+            " WHERE NOT EXISTS (SELECT 1 FROM tk_message_links AS n WHERE n.prev = l.node))"
+        ).rowcount
+        ids = conn.execute("SELECT checkpoint_id FROM tk_checkpoints ORDER BY checkpoint_id").fetchall()
+        (early_id,) = ids[3]
+    conn.close()
+    assert changed == 1
+    with (
+        open_at(path) as reader,
+        pytest.raises(CheckpointSerializationError, match="do not lead to the list's tail"),
+    ):
+        reader.get_tuple({"configurable": {"thread_id": "t"}})
+    with open_at(path) as reader:
+        early = reader.get_tuple({"configurable": {"thread_id": "t", "checkpoint_id": early_id}})
+        assert early is not None
+        assert len(early.checkpoint["channel_values"]["messages"]) == 3

@@ -19,7 +19,7 @@ from langgraph.checkpoint.serde.base import SerializerProtocol
 
 from threadkeep.codec.serde import JSON_TYPE, list_decoder, typed_decoder
 from threadkeep.core.identity import Actor
-from threadkeep.core.messages import CHAIN_TYPE, ContentCache, EncodingMemo, MessageChain
+from threadkeep.core.messages import CHAIN_TYPE, ContentCache, EncodingMemo, MessageChain, chain_tail
 from threadkeep.core.program import Batch, Program, Sql, SqlMany
 from threadkeep.core.records import (
     EMPTY_TYPE,
@@ -674,7 +674,12 @@ def _walked_list(
 ) -> list[tuple[str, bytes]]:
     """A list from the rows of a chain walk, in any order, each holding a message's depth,
     digest, type and payload at ``columns``. A depth may come twice: two channels holding
-    one list walk it twice."""
+    one list walk it twice.
+
+    Raises:
+        CheckpointSerializationError: the rows are not the list ending at ``tail``: a depth
+            out of range or missing, or digests that do not lead to the tail.
+    """
     depth_at, digest_at, kind_at, payload_at = columns
     digests: list[Any] = [None] * count
     entries: list[Any] = [None] * count
@@ -698,6 +703,14 @@ def _walked_list(
     if digests and (type(digests[0]) is not bytes or type(entries[0][1]) is not bytes):
         digests = [bytes(digest) for digest in digests]
         entries = [(kind, bytes(payload)) for kind, payload in entries]
+    # A page is read in place of the links it closes, and each link names the one before:
+    # one damaged (by hand, by a bug) could name other messages, or the right ones out of
+    # order. The list's tail is a digest of every message in order, so the walk's digests
+    # must lead to it (one 32-byte hash a message) before the list is read or kept.
+    if chain_tail(digests) != tail:
+        raise CheckpointSerializationError(
+            "message history is inconsistent: its links do not lead to the list's tail"
+        )
     content.keep(tail, digests, entries, thread_id)
     return entries
 
