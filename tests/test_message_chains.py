@@ -17,6 +17,7 @@ from threadkeep.core.messages import (
     digest_of,
     parse_chain_ref,
 )
+from threadkeep.errors import CheckpointSerializationError
 
 SERDE = build_serde()
 
@@ -395,3 +396,24 @@ def test_s1_memo_remembers_nothing_of_a_read_whose_digests_are_not_its_list_s() 
     memo.seed(key, other.tail, decoded, put.digests, [put.payload(at) for at in range(5)])
     assert memo.previous(key, decoded[0]) is memo.previous(key)  # the put's: the read was not kept
     assert id(decoded[0]) not in memo.previous(key, decoded[0]).digests
+
+
+def test_a_walked_list_whose_digests_do_not_lead_to_its_tail_is_refused_and_not_kept() -> None:
+    """A walk's rows place each message by its depth: rows whose digests are the list's but
+    out of order (a damaged page), or name another message, are refused before the list
+    is read or kept in the content cache."""
+    from threadkeep.backends.sql.programs import _walked_list
+
+    stored = [SERDE.dumps_typed(HumanMessage(text, id=text)) for text in ("a", "b", "c")]
+    digests = [digest_of(kind, payload) for kind, payload in stored]
+    tail = chain_tail(digests)
+    assert tail is not None
+    swapped = [(2, digests[1], *stored[1]), (1, digests[0], *stored[0]), (0, digests[2], *stored[2])]
+    another = [(2, digests[0], *stored[0]), (1, digests[1], *stored[1]), (0, digests[0], *stored[0])]
+    for rows in (swapped, another):
+        content = ContentCache()
+        with pytest.raises(CheckpointSerializationError, match="do not lead to the list's tail"):
+            _walked_list(content, "thread", tail, 3, rows)
+        assert content.messages(tail) is None
+    rows = [(2 - at, digests[at], *stored[at]) for at in range(3)]
+    assert _walked_list(ContentCache(), "thread", tail, 3, rows) == stored

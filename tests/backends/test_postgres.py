@@ -265,7 +265,7 @@ def test_s1_a_list_whose_links_do_not_lead_to_its_tail_is_refused(provider: Any,
                 " SET page = substring(page from 17 for 16) || substring(page from 1 for 16)"
                 " || substring(page from 33) WHERE page IS NOT NULL"
             ).rowcount
-        else:  # the newest link, past the page: every list of the last turn's checkpoints has it
+        else:  # the newest link, past the page: only the newest checkpoint's list has it
             changed = conn.execute(
                 "UPDATE tk_message_links SET digest = (SELECT digest FROM tk_message_links"
                 " WHERE prev IS NULL) WHERE node = (SELECT node FROM tk_message_links AS l"

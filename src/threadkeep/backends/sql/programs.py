@@ -706,10 +706,11 @@ def _walked_list(
     # A page is read in place of the links it closes, and each link names the one before:
     # one damaged (by hand, by a bug) could name other messages, or the right ones out of
     # order. The list's tail is a digest of every message in order, so the walk's digests
-    # must lead to it (one 32-byte hash a message) before the list is read or kept.
+    # must lead to it (one BLAKE2b over 32 bytes a message) before the list is read or kept.
     if chain_tail(digests) != tail:
         raise CheckpointSerializationError(
-            "message history is inconsistent: its links do not lead to the list's tail"
+            "message history is inconsistent: its links do not lead to the list's tail",
+            path=f"thread {thread_id!r}",
         )
     content.keep(tail, digests, entries, thread_id)
     return entries
