@@ -197,7 +197,8 @@ class TcpProxy:
     but not yet forwarded (a server slow to answer), until ``release()``; ``holding`` is set
     once one waits. ``stall()`` makes every open connection mute, open but forwarding
     nothing either way, as a load balancer or NAT that dropped it without a word; new
-    connections are forwarded.
+    connections are forwarded. ``mute_replies()`` forwards what clients send and drops what
+    the server answers, on every connection: requests run, their replies are lost.
     """
 
     def __init__(self, target_port: int, target_host: str = "127.0.0.1") -> None:
@@ -210,6 +211,7 @@ class TcpProxy:
         self._forwarding.set()
         self.holding = threading.Event()
         self._generation = 0  # connections of an older generation are mute (stall)
+        self._answering = True  # the server's replies are forwarded (mute_replies)
 
     def accept(self) -> TcpProxy:
         listener = socket.socket()
@@ -230,6 +232,11 @@ class TcpProxy:
     def stall(self) -> None:
         """Make every open connection mute: what either side sends is dropped."""
         self._generation += 1
+
+    def mute_replies(self) -> None:
+        """Drop what the server sends, on every connection: each request runs, and its
+        reply is lost on the way."""
+        self._answering = False
 
     def _serve(self, listener: socket.socket) -> None:
         while True:
@@ -253,13 +260,13 @@ class TcpProxy:
         with self._guard:
             self._sockets.add(upstream)
         generation = self._generation
-        for source, sink in ((client, upstream), (upstream, client)):
-            threading.Thread(target=self._pump, args=(source, sink, generation), daemon=True).start()
+        for source, sink, replies in ((client, upstream, False), (upstream, client, True)):
+            threading.Thread(target=self._pump, args=(source, sink, generation, replies), daemon=True).start()
 
-    def _pump(self, source: socket.socket, sink: socket.socket, generation: int) -> None:
+    def _pump(self, source: socket.socket, sink: socket.socket, generation: int, replies: bool) -> None:
         try:
             while data := source.recv(65536):
-                if generation == self._generation:
+                if generation == self._generation and (self._answering or not replies):
                     sink.sendall(data)
         except OSError:
             pass

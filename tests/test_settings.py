@@ -411,3 +411,6 @@ def test_w4_a_step_that_went_unanswered_is_not_said_to_be_unstored() -> None:
     with pytest.raises(StorageError, match="a try got no answer") as raised:
         retry.delay_after(refused, 2, unconfirmed=True)
     assert "nothing of this step was stored" not in str(raised.value)
+    with pytest.raises(StorageError, match="unreachable after 2 attempts") as raised:
+        retry.delay_after(refused, 2, unconfirmed=True, write=False)  # a read stores no step
+    assert "step" not in str(raised.value)

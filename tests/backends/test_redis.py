@@ -430,6 +430,47 @@ def test_a_connection_dropped_without_a_word_is_given_up_and_the_call_retried(pr
         cleaner.close()
 
 
+@pytest.mark.providers("redis")
+def test_w4_a_step_whose_reply_never_came_is_not_said_to_be_unstored(provider: Any) -> None:
+    """A put's script runs on the server, and its reply is lost on the way, at every try:
+    the call fails with StorageError, and since the step was in fact stored, the error must
+    not say that nothing of it was; a read that fails the same way says nothing of steps."""
+    import uuid
+
+    import redis
+
+    from tests.servers import TcpProxy
+    from threadkeep import StorageError
+
+    port = int(REDIS_URL.rsplit(":", 1)[1].split("/")[0])
+    proxy = TcpProxy(port).accept()
+    prefix = f"tklost{uuid.uuid4().hex[:8]}"
+    settings = Settings(command_timeout_seconds=1, retry_backoff_seconds=0.05, retry_attempts=2)
+    try:
+        url = f"redis://127.0.0.1:{proxy.port}/0"
+        with open_checkpointer("redis", url, settings=settings, key_prefix=prefix) as saver:
+            assert saver.get_tuple(_config("lost")) is None  # the format gate and connections done
+            proxy.mute_replies()
+            checkpoint = _checkpoint()
+            with pytest.raises(StorageError, match="may have run it or still run it") as raised:
+                saver.put(_config("lost"), checkpoint, {"source": "input", "step": -1}, {})
+            assert "nothing of this step was stored" not in str(raised.value)
+            with pytest.raises(StorageError, match="unreachable after 2 attempts") as raised:
+                saver.get_tuple(_config("lost"))
+            assert "this step" not in str(raised.value)
+            assert "may have run" not in str(raised.value)
+        with open_checkpointer("redis", REDIS_URL, settings=Settings(), key_prefix=prefix) as direct:
+            stored = direct.get_tuple(_config("lost"))
+            assert stored is not None  # the script did run
+            assert stored.checkpoint["id"] == checkpoint["id"]
+    finally:
+        proxy.close()
+        cleaner = redis.Redis.from_url(REDIS_URL)
+        for key in cleaner.scan_iter(match=f"{prefix}:*"):
+            cleaner.delete(key)
+        cleaner.close()
+
+
 def _long_history(saver: Any, thread_id: str, count: int) -> list[Any]:
     """A checkpoint whose message list holds ``count`` messages, put in one step."""
     from langchain_core.messages import AIMessage, HumanMessage

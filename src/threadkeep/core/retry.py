@@ -56,10 +56,13 @@ class RetryPolicy:
     retryable: Callable[[BaseException], bool]
     store: str
 
-    def delay_after(self, error: BaseException, attempt: int, *, unconfirmed: bool = False) -> float:
+    def delay_after(
+        self, error: BaseException, attempt: int, *, unconfirmed: bool = False, write: bool = True
+    ) -> float:
         """How long to wait before try ``attempt + 1`` after ``error`` ended try ``attempt``;
         ``unconfirmed``: a try so far (this one included) ended without an answer, so its
-        step may still run on the server.
+        step may have run, or may still run, on the server; ``write``: the call stores a
+        step (the last error says what became of it; a read's says nothing of steps).
 
         Raises:
             ThreadkeepError: ``error`` itself when it is one of ours (a conflict, a refusal).
@@ -70,13 +73,17 @@ class RetryPolicy:
         if not self.retryable(error):
             raise StorageError(f"the {self.store} store failed: {error}") from error
         if attempt >= self.attempts:
-            outcome = (
-                "a try got no answer and the server may still finish it: a step is stored whole or not at all"
-                if unconfirmed
-                else "nothing of this step was stored"
-            )
+            if not write:
+                outcome = ""
+            elif unconfirmed:
+                outcome = (
+                    "; a try got no answer and the server may have run it or still run it:"
+                    " a step is stored whole or not at all"
+                )
+            else:
+                outcome = "; nothing of this step was stored"
             raise StorageError(
-                f"the {self.store} store was unreachable after {attempt} attempts: {error}; {outcome}",
+                f"the {self.store} store was unreachable after {attempt} attempts: {error}{outcome}",
                 context={"attempts": attempt},
             ) from error
         delay: float = self.backoff * 2 ** (attempt - 1)

@@ -274,8 +274,9 @@ class PostgresEngine:
         ``atomic`` runs in one transaction; a read runs without one (under READ COMMITTED
         each statement sees its own snapshot either way, and a one-statement read then costs
         one round trip)."""
+        prepare = self._preparing[write]
         return self._retrying(
-            lambda: self._once(make, self._sync_pool().connection(), write and atomic, self._preparing[write])
+            lambda: self._once(make, self._sync_pool().connection(), write and atomic, prepare), write
         )
 
     def setup(self, make: ProgramFactory[T]) -> T:
@@ -283,9 +284,9 @@ class PostgresEngine:
         before any pool is needed (an application that only uses the async API never opens a
         sync pool)."""
         prepare = self._preparing[False]
-        return self._retrying(lambda: self._once(make, self.connect(), True, prepare))
+        return self._retrying(lambda: self._once(make, self.connect(), True, prepare), True)
 
-    def _retrying(self, attempt: Callable[[], T]) -> T:
+    def _retrying(self, attempt: Callable[[], T], write: bool) -> T:
         tries, unconfirmed = 0, False
         while True:
             tries += 1
@@ -294,7 +295,7 @@ class PostgresEngine:
             except Exception as error:
                 self._refuse_if_closed()  # closed meanwhile: say so, not what the closing broke
                 unconfirmed = unconfirmed or isinstance(error, NoAnswer)
-                delay = self.retry.delay_after(error, tries, unconfirmed=unconfirmed)
+                delay = self.retry.delay_after(error, tries, unconfirmed=unconfirmed, write=write)
                 pool = self._given_pool or self._pool
                 if pool is not None:
                     # A server restart or a mass termination kills every pooled connection at
@@ -354,7 +355,7 @@ class PostgresEngine:
             except Exception as error:
                 self._refuse_if_closed()
                 unconfirmed = unconfirmed or isinstance(error, NoAnswer)
-                delay = self.retry.delay_after(error, tries, unconfirmed=unconfirmed)
+                delay = self.retry.delay_after(error, tries, unconfirmed=unconfirmed, write=write)
                 if pool is not None:
                     with checks_bounded():
                         await pool.check()  # as in _retrying

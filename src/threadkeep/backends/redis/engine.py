@@ -254,30 +254,35 @@ class RedisEngine:
         return script
 
     def run(self, make: ProgramFactory[T], *, write: bool = False, atomic: bool = True) -> T:
-        """Run one program, retrying it whole after a dropped connection."""
-        tries = 0
+        """Run one program, retrying it whole after a dropped connection. A script whose
+        reply did not come in time (``RedisTimeoutError``) may have run: a step then failed
+        for good is not said to be unstored."""
+        tries, unconfirmed = 0, False
         while True:
             tries += 1
             try:
                 return drive(make(), partial(self._execute, self._sync()))
             except Exception as error:
                 self._refuse_if_closed()  # closed meanwhile: say so, not what the closing broke
-                time.sleep(self.retry.delay_after(error, tries))
+                unconfirmed = unconfirmed or isinstance(error, RedisTimeoutError)
+                time.sleep(self.retry.delay_after(error, tries, unconfirmed=unconfirmed, write=write))
 
     async def arun(self, make: ProgramFactory[T], *, write: bool = False, atomic: bool = True) -> T:
         """The same as :meth:`run`, on the event loop's own client."""
-        tries = 0
+        tries, unconfirmed = 0, False
         while True:
             tries += 1
             try:
                 return await drive_async(make(), partial(self._execute_async, self._async()))
             except Exception as error:
                 self._refuse_if_closed()
-                await asyncio.sleep(self.retry.delay_after(error, tries))
+                unconfirmed = unconfirmed or isinstance(error, RedisTimeoutError)
+                delay = self.retry.delay_after(error, tries, unconfirmed=unconfirmed, write=write)
+                await asyncio.sleep(delay)
 
     def setup(self, make: ProgramFactory[T]) -> T:
         """Run a format-gate program (Redis has no schema to migrate)."""
-        return self.run(make)
+        return self.run(make, write=True)
 
     def _execute(self, client: Any, request: Any) -> Any:
         self._refuse_if_closed()  # a closed client would connect again: not after close()
