@@ -431,10 +431,12 @@ def test_a_connection_dropped_without_a_word_is_given_up_and_the_call_retried(pr
 
 
 @pytest.mark.providers("redis")
-def test_w4_a_step_whose_reply_never_came_is_not_said_to_be_unstored(provider: Any) -> None:
+@pytest.mark.parametrize("api", ["sync", "async"])
+def test_w4_a_step_whose_reply_never_came_is_not_said_to_be_unstored(provider: Any, api: str) -> None:
     """A put's script runs on the server, and its reply is lost on the way, at every try:
     the call fails with StorageError, and since the step was in fact stored, the error must
     not say that nothing of it was; a read that fails the same way says nothing of steps."""
+    import asyncio
     import uuid
 
     import redis
@@ -446,19 +448,35 @@ def test_w4_a_step_whose_reply_never_came_is_not_said_to_be_unstored(provider: A
     proxy = TcpProxy(port).accept()
     prefix = f"tklost{uuid.uuid4().hex[:8]}"
     settings = Settings(command_timeout_seconds=1, retry_backoff_seconds=0.05, retry_attempts=2)
+    metadata: Any = {"source": "input", "step": -1}
+    checkpoint = _checkpoint()
     try:
         url = f"redis://127.0.0.1:{proxy.port}/0"
         with open_checkpointer("redis", url, settings=settings, key_prefix=prefix) as saver:
-            assert saver.get_tuple(_config("lost")) is None  # the format gate and connections done
-            proxy.mute_replies()
-            checkpoint = _checkpoint()
-            with pytest.raises(StorageError, match="may have run it or still run it") as raised:
-                saver.put(_config("lost"), checkpoint, {"source": "input", "step": -1}, {})
-            assert "nothing of this step was stored" not in str(raised.value)
-            with pytest.raises(StorageError, match="unreachable after 2 attempts") as raised:
-                saver.get_tuple(_config("lost"))
-            assert "this step" not in str(raised.value)
-            assert "may have run" not in str(raised.value)
+            # Scripts go as EVALSHA, loaded on NOSCRIPT, on connections that said hello: the
+            # server must know put's script, and the client hold a connection, first.
+            saver.put(_config("warm"), _checkpoint(), metadata, {})
+
+            async def put_then_read() -> Any:
+                await saver.aput(_config("warm"), _checkpoint(), metadata, {})  # this loop's client
+                proxy.mute_replies()
+                with pytest.raises(StorageError, match="may have run it or still run it") as put:
+                    await saver.aput(_config("lost"), checkpoint, metadata, {})
+                with pytest.raises(StorageError, match="unreachable after 2 attempts") as read:
+                    await saver.aget_tuple(_config("lost"))
+                return put, read
+
+            if api == "async":
+                put, read = asyncio.run(put_then_read())
+            else:
+                proxy.mute_replies()
+                with pytest.raises(StorageError, match="may have run it or still run it") as put:
+                    saver.put(_config("lost"), checkpoint, metadata, {})
+                with pytest.raises(StorageError, match="unreachable after 2 attempts") as read:
+                    saver.get_tuple(_config("lost"))
+            assert "nothing of this step was stored" not in str(put.value)
+            assert "this step" not in str(read.value)
+            assert "may have run" not in str(read.value)
         with open_checkpointer("redis", REDIS_URL, settings=Settings(), key_prefix=prefix) as direct:
             stored = direct.get_tuple(_config("lost"))
             assert stored is not None  # the script did run
@@ -537,3 +555,23 @@ def test_a_list_whose_page_names_its_messages_out_of_order_is_refused(open_saver
     client.hset(links, field, swapped)
     with pytest.raises(CheckpointSerializationError, match="links do not lead to the list's tail"):
         open_saver().get_tuple(_config("misordered"))
+
+
+def test_w4_only_a_lost_reply_counts_as_a_script_that_may_have_run() -> None:
+    """What the final error says of a step follows redis-py's errors: a reply lost to a
+    timeout or a closed connection may hide a script that ran; a connection that never
+    opened, none free to take, or a server still loading ran nothing."""
+    from redis.exceptions import BusyLoadingError, MaxConnectionsError
+    from redis.exceptions import ConnectionError as RedisConnectionError
+    from redis.exceptions import TimeoutError as RedisTimeoutError
+
+    from threadkeep.backends.redis.engine import _may_have_run
+
+    assert _may_have_run(RedisTimeoutError("Timeout reading from socket"))
+    assert _may_have_run(RedisConnectionError("Connection closed by server."))
+    assert _may_have_run(RedisConnectionError("Error while reading from socket: (104, 'reset')"))
+    assert not _may_have_run(RedisTimeoutError("Timeout connecting to server"))
+    assert not _may_have_run(RedisConnectionError("Error 111 connecting to 127.0.0.1:1. Connection refused."))
+    assert not _may_have_run(MaxConnectionsError("No connection available."))
+    assert not _may_have_run(BusyLoadingError("Redis is loading the dataset in memory"))
+    assert not _may_have_run(ValueError("not a connection error"))

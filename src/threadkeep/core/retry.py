@@ -62,7 +62,9 @@ class RetryPolicy:
         """How long to wait before try ``attempt + 1`` after ``error`` ended try ``attempt``;
         ``unconfirmed``: a try so far (this one included) ended without an answer, so its
         step may have run, or may still run, on the server; ``write``: the call stores a
-        step (the last error says what became of it; a read's says nothing of steps).
+        step of a thread (the last error says what became of it). A read's, and a schema
+        program's (the format gate, a migration: each one transaction), says nothing of
+        steps.
 
         Raises:
             ThreadkeepError: ``error`` itself when it is one of ours (a conflict, a refusal).

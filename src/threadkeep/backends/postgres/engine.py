@@ -284,7 +284,7 @@ class PostgresEngine:
         before any pool is needed (an application that only uses the async API never opens a
         sync pool)."""
         prepare = self._preparing[False]
-        return self._retrying(lambda: self._once(make, self.connect(), True, prepare), True)
+        return self._retrying(lambda: self._once(make, self.connect(), True, prepare), False)
 
     def _retrying(self, attempt: Callable[[], T], write: bool) -> T:
         tries, unconfirmed = 0, False

@@ -24,7 +24,7 @@ import redis
 import redis.asyncio
 import redis.asyncio.cluster
 import redis.cluster
-from redis.exceptions import BusyLoadingError, ClusterDownError, TryAgainError
+from redis.exceptions import BusyLoadingError, ClusterDownError, MaxConnectionsError, TryAgainError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -116,6 +116,17 @@ def is_connection_error(error: BaseException) -> bool:
     return isinstance(
         error, (RedisConnectionError, RedisTimeoutError, BusyLoadingError, ClusterDownError, TryAgainError)
     )
+
+
+def _may_have_run(error: BaseException) -> bool:
+    """Whether a call that failed with ``error`` may have run its script on the server: its
+    reply was lost (a timeout, a connection closed while the reply was awaited). A
+    connection that never opened (redis-py says "... connecting to ..."), none free to
+    take, and the server's refusals ran nothing. A timeout while a new connection says
+    hello cannot be told from a lost reply, and counts as one."""
+    if isinstance(error, (MaxConnectionsError, BusyLoadingError)):
+        return False
+    return isinstance(error, (RedisTimeoutError, RedisConnectionError)) and "connecting" not in str(error)
 
 
 @cache
@@ -255,8 +266,8 @@ class RedisEngine:
 
     def run(self, make: ProgramFactory[T], *, write: bool = False, atomic: bool = True) -> T:
         """Run one program, retrying it whole after a dropped connection. A script whose
-        reply did not come in time (``RedisTimeoutError``) may have run: a step then failed
-        for good is not said to be unstored."""
+        reply was lost (:func:`_may_have_run`) may have run: a step then failed for good
+        is not said to be unstored."""
         tries, unconfirmed = 0, False
         while True:
             tries += 1
@@ -264,7 +275,7 @@ class RedisEngine:
                 return drive(make(), partial(self._execute, self._sync()))
             except Exception as error:
                 self._refuse_if_closed()  # closed meanwhile: say so, not what the closing broke
-                unconfirmed = unconfirmed or isinstance(error, RedisTimeoutError)
+                unconfirmed = unconfirmed or _may_have_run(error)
                 time.sleep(self.retry.delay_after(error, tries, unconfirmed=unconfirmed, write=write))
 
     async def arun(self, make: ProgramFactory[T], *, write: bool = False, atomic: bool = True) -> T:
@@ -276,13 +287,13 @@ class RedisEngine:
                 return await drive_async(make(), partial(self._execute_async, self._async()))
             except Exception as error:
                 self._refuse_if_closed()
-                unconfirmed = unconfirmed or isinstance(error, RedisTimeoutError)
+                unconfirmed = unconfirmed or _may_have_run(error)
                 delay = self.retry.delay_after(error, tries, unconfirmed=unconfirmed, write=write)
                 await asyncio.sleep(delay)
 
     def setup(self, make: ProgramFactory[T]) -> T:
         """Run a format-gate program (Redis has no schema to migrate)."""
-        return self.run(make, write=True)
+        return self.run(make)
 
     def _execute(self, client: Any, request: Any) -> Any:
         self._refuse_if_closed()  # a closed client would connect again: not after close()
