@@ -439,14 +439,13 @@ def test_w4_a_step_whose_reply_never_came_is_not_said_to_be_unstored(provider: A
     import asyncio
     import uuid
 
-    import redis
-
+    from tests.providers import track_redis_prefix
     from tests.servers import TcpProxy
     from threadkeep import StorageError
 
     port = int(REDIS_URL.rsplit(":", 1)[1].split("/")[0])
     proxy = TcpProxy(port).accept()
-    prefix = f"tklost{uuid.uuid4().hex[:8]}"
+    prefix = track_redis_prefix(f"tklost{uuid.uuid4().hex[:8]}")  # dropped at session end
     settings = Settings(command_timeout_seconds=1, retry_backoff_seconds=0.05, retry_attempts=2)
     metadata: Any = {"source": "input", "step": -1}
     checkpoint = _checkpoint()
@@ -483,10 +482,6 @@ def test_w4_a_step_whose_reply_never_came_is_not_said_to_be_unstored(provider: A
             assert stored.checkpoint["id"] == checkpoint["id"]
     finally:
         proxy.close()
-        cleaner = redis.Redis.from_url(REDIS_URL)
-        for key in cleaner.scan_iter(match=f"{prefix}:*"):
-            cleaner.delete(key)
-        cleaner.close()
 
 
 def _long_history(saver: Any, thread_id: str, count: int) -> list[Any]:
