@@ -414,3 +414,20 @@ def test_w4_a_step_that_went_unanswered_is_not_said_to_be_unstored() -> None:
     with pytest.raises(StorageError, match="unreachable after 2 attempts") as raised:
         retry.delay_after(refused, 2, unconfirmed=True, write=False)  # a read stores no step
     assert "step" not in str(raised.value)
+
+
+def test_w4_tries_count_failures_and_keep_an_unanswered_one_through_later_failures() -> None:
+    """An engine's retry loop: the first try is known as such, each failure gives the
+    policy's backoff, and a try given up on unanswered colours the final error even when
+    the last try failed otherwise."""
+    from threadkeep import StorageError
+    from threadkeep.core.retry import RetryPolicy, Tries
+
+    policy = RetryPolicy(attempts=3, backoff=0.5, retryable=lambda error: True, store="redis")
+    tries = Tries(policy, True, lambda error: isinstance(error, TimeoutError))
+    assert tries.first
+    assert tries.failed(TimeoutError("no reply")) == 0.5
+    assert not tries.first
+    assert tries.failed(ConnectionError("refused")) == 1.0
+    with pytest.raises(StorageError, match="after 3 attempts: refused; a try got no answer"):
+        tries.failed(ConnectionError("refused"))

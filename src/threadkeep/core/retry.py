@@ -12,11 +12,11 @@ import contextlib
 import contextvars
 import logging
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from threadkeep.errors import StorageError, ThreadkeepError
 
-__all__ = ["RetryPolicy", "maintenance", "under_maintenance"]
+__all__ = ["RetryPolicy", "Tries", "maintenance", "under_maintenance"]
 
 logger = logging.getLogger("threadkeep.retry")
 
@@ -98,3 +98,31 @@ class RetryPolicy:
             delay,
         )
         return delay
+
+
+@dataclass(slots=True)
+class Tries:
+    """One call's tries under ``policy``: how many have failed, and whether one of them may
+    have run its step on the server without answering (``unanswered`` says so of an
+    error: a Postgres statement given up on, a Redis reply lost). An engine's sync and
+    async retry loops keep their count here, and learn from :meth:`failed` how long to
+    wait, or that the call has failed for good.
+    """
+
+    policy: RetryPolicy
+    write: bool
+    unanswered: Callable[[BaseException], bool]
+    failures: int = field(default=0, init=False)
+    unconfirmed: bool = field(default=False, init=False)
+
+    @property
+    def first(self) -> bool:
+        """Whether no try has failed yet."""
+        return self.failures == 0
+
+    def failed(self, error: BaseException) -> float:
+        """Count a failed try: the seconds to wait before the next (raises as
+        :meth:`RetryPolicy.delay_after` does, with what the tries so far tell)."""
+        self.failures += 1
+        self.unconfirmed = self.unconfirmed or self.unanswered(error)
+        return self.policy.delay_after(error, self.failures, unconfirmed=self.unconfirmed, write=self.write)

@@ -44,7 +44,7 @@ from threadkeep.backends.closing import PerLoop, close_elsewhere
 from threadkeep.backends.postgres import wire
 from threadkeep.backends.postgres.deadline import NoAnswer, checks_bounded, timed_classes
 from threadkeep.core.program import Batch, Program, ProgramFactory, Sql, SqlMany, drive, drive_async
-from threadkeep.core.retry import RetryPolicy
+from threadkeep.core.retry import RetryPolicy, Tries
 from threadkeep.errors import StorageError
 
 __all__ = ["PlannedOnce", "PoolOptions", "PostgresEngine", "is_connection_error"]
@@ -287,15 +287,13 @@ class PostgresEngine:
         return self._retrying(lambda: self._once(make, self.connect(), True, prepare), False)
 
     def _retrying(self, attempt: Callable[[], T], write: bool) -> T:
-        tries, unconfirmed = 0, False
+        tries = Tries(self.retry, write, _unanswered)
         while True:
-            tries += 1
             try:
                 return attempt()
             except Exception as error:
                 self._refuse_if_closed()  # closed meanwhile: say so, not what the closing broke
-                unconfirmed = unconfirmed or isinstance(error, NoAnswer)
-                delay = self.retry.delay_after(error, tries, unconfirmed=unconfirmed, write=write)
+                delay = tries.failed(error)
                 pool = self._given_pool or self._pool
                 if pool is not None:
                     # A server restart or a mass termination kills every pooled connection at
@@ -324,11 +322,10 @@ class PostgresEngine:
         trip that opens no transaction, or holds a whole one, may go with other calls'
         (:func:`_coalescible`, :class:`_Coalescer`); what the program asks after it, on a
         connection of its own."""
-        tries, unconfirmed = 0, False
+        tries = Tries(self.retry, write, _unanswered)
         pool: AsyncConnectionPool | None = None
         prepare = self._preparing[write]
         while True:
-            tries += 1
             try:
                 pool = await self._async_pool()
                 program = _round_trips(make(), write and atomic)
@@ -336,7 +333,7 @@ class PostgresEngine:
                     request = next(program)
                 except StopIteration as stop:  # a program with nothing to do
                     return stop.value  # type: ignore[no-any-return]
-                coalescer = self._coalescer() if tries == 1 and _coalescible(request, prepare) else None
+                coalescer = self._coalescer() if tries.first and _coalescible(request, prepare) else None
                 if coalescer is not None:
                     reply = await coalescer.send(request, prepare)
                     if reply is not _ALONE:
@@ -354,8 +351,7 @@ class PostgresEngine:
                         raise
             except Exception as error:
                 self._refuse_if_closed()
-                unconfirmed = unconfirmed or isinstance(error, NoAnswer)
-                delay = self.retry.delay_after(error, tries, unconfirmed=unconfirmed, write=write)
+                delay = tries.failed(error)
                 if pool is not None:
                     with checks_bounded():
                         await pool.check()  # as in _retrying
@@ -393,6 +389,11 @@ class PostgresEngine:
         self._closed = True  # first: no call on this loop opens a new pool meanwhile
         await self._async_pools.close_here()
         await close_elsewhere(self.close)  # the rest: the sync pool, other loops' pools
+
+
+def _unanswered(error: BaseException) -> bool:
+    """Whether a try's step may still run on the server: it was given up on unanswered."""
+    return isinstance(error, NoAnswer)
 
 
 async def _close_pool(pool: AsyncConnectionPool) -> None:

@@ -30,7 +30,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from threadkeep.backends.closing import PerLoop, close_elsewhere
 from threadkeep.core.program import Program, ProgramFactory, drive, drive_async
-from threadkeep.core.retry import RetryPolicy
+from threadkeep.core.retry import RetryPolicy, Tries
 from threadkeep.errors import StorageError
 
 __all__ = ["Command", "RedisEngine", "Scan", "Script", "is_connection_error", "script_source"]
@@ -268,28 +268,23 @@ class RedisEngine:
         """Run one program, retrying it whole after a dropped connection. A script whose
         reply was lost (:func:`_may_have_run`) may have run: a step then failed for good
         is not said to be unstored."""
-        tries, unconfirmed = 0, False
+        tries = Tries(self.retry, write, _may_have_run)
         while True:
-            tries += 1
             try:
                 return drive(make(), partial(self._execute, self._sync()))
             except Exception as error:
                 self._refuse_if_closed()  # closed meanwhile: say so, not what the closing broke
-                unconfirmed = unconfirmed or _may_have_run(error)
-                time.sleep(self.retry.delay_after(error, tries, unconfirmed=unconfirmed, write=write))
+                time.sleep(tries.failed(error))
 
     async def arun(self, make: ProgramFactory[T], *, write: bool = False, atomic: bool = True) -> T:
         """The same as :meth:`run`, on the event loop's own client."""
-        tries, unconfirmed = 0, False
+        tries = Tries(self.retry, write, _may_have_run)
         while True:
-            tries += 1
             try:
                 return await drive_async(make(), partial(self._execute_async, self._async()))
             except Exception as error:
                 self._refuse_if_closed()
-                unconfirmed = unconfirmed or _may_have_run(error)
-                delay = self.retry.delay_after(error, tries, unconfirmed=unconfirmed, write=write)
-                await asyncio.sleep(delay)
+                await asyncio.sleep(tries.failed(error))
 
     def setup(self, make: ProgramFactory[T]) -> T:
         """Run a format-gate program (Redis has no schema to migrate)."""
