@@ -414,6 +414,9 @@ def test_w4_a_step_that_went_unanswered_is_not_said_to_be_unstored() -> None:
     with pytest.raises(StorageError, match="unreachable after 2 attempts") as raised:
         retry.delay_after(refused, 2, unconfirmed=True, write=False)  # a read stores no step
     assert "step" not in str(raised.value)
+    single = RetryPolicy(attempts=1, backoff=0.0, retryable=lambda error: True, store="postgres")
+    with pytest.raises(StorageError, match="unreachable after 1 attempt: connection refused"):
+        single.delay_after(refused, 1, write=False)
 
 
 def test_w4_tries_count_failures_and_keep_an_unanswered_one_through_later_failures() -> None:

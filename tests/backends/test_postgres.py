@@ -286,6 +286,46 @@ def test_s1_a_list_whose_links_do_not_lead_to_its_tail_is_refused(provider: Any,
         assert len(early.checkpoint["channel_values"]["messages"]) == 3
 
 
+@pytest.mark.parametrize("prepare_threshold", [5, None], ids=["statement", "tk_state"])
+@pytest.mark.parametrize("loop", ["link", "page"])
+def test_s1_a_walk_caught_in_a_loop_of_links_stops_at_the_list_length(
+    provider: Any, loop: str, prepare_threshold: int | None
+) -> None:
+    """A link (or a page) damaged to name a later node of its list makes a loop, which a
+    walk would follow until the command timeout at every try. The state read stops at the
+    list's length (its reference says it) and the reader refuses the state at once, by the
+    prepared statement and by the function ``tk_state`` alike."""
+    from threadkeep import CheckpointSerializationError
+
+    dsn = postgres_schema(uuid.uuid4().hex)
+    config: Any = {"configurable": {"thread_id": "t"}}
+    with open_checkpointer("postgres", dsn, settings=Settings()) as writer:
+        run_turns(build_agent(writer), "t", 9)  # 72 messages: pages close at 31 and 63
+    newest = (
+        "(SELECT node FROM tk_message_links AS l"
+        " WHERE NOT EXISTS (SELECT 1 FROM tk_message_links AS n WHERE n.prev = l.node))"
+    )
+    with connect(dsn) as conn:
+        if loop == "link":  # the link two before the newest names the newest as its prev
+            sql = (
+                f"UPDATE tk_message_links SET prev = {newest} WHERE node = (SELECT prev FROM"
+                f" tk_message_links WHERE node = (SELECT prev FROM tk_message_links WHERE node = {newest}))"
+            )
+        else:  # the second page names the newest node as the one before its first message
+            sql = (
+                f"UPDATE tk_message_links SET page_prev = {newest} WHERE page IS NOT NULL"
+                " AND page_prev IN (SELECT node FROM tk_message_links WHERE page IS NOT NULL)"
+            )
+        assert conn.execute(sql).rowcount == 1
+    # Without the bound, each try would run until the command timeout and end in StorageError.
+    settings = Settings(command_timeout_seconds=3, retry_attempts=1, prepare_threshold=prepare_threshold)
+    with (
+        open_checkpointer("postgres", dsn, settings=settings) as reader,
+        pytest.raises(CheckpointSerializationError, match="inconsistent"),
+    ):
+        reader.get_tuple(config)
+
+
 def test_asyncio_run_ends_while_the_pool_is_busy_with_its_own_work(provider: Any) -> None:
     """asyncio.run cancels the tasks left when its coroutine ends. A psycopg_pool worker in
     the middle of a maintenance task (a connection being added as the pool grows) takes that

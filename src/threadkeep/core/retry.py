@@ -85,7 +85,8 @@ class RetryPolicy:
             else:
                 outcome = "; nothing of this step was stored"
             raise StorageError(
-                f"the {self.store} store was unreachable after {attempt} attempts: {error}{outcome}",
+                f"the {self.store} store was unreachable after {attempt} attempt{'s' if attempt > 1 else ''}:"
+                f" {error}{outcome}",
                 context={"attempts": attempt},
             ) from error
         delay: float = self.backoff * 2 ** (attempt - 1)

@@ -332,6 +332,11 @@ _MANY["special_write"] = (
 # One step of a walk from a link: the next node (the one before the link's page, if it has
 # one) and the digests it covers, oldest first (its page, else its own message's).
 _STEP = """CASE WHEN l.page IS NULL THEN l.prev ELSE l.page_prev END, coalesce(l.page, l.digest)"""
+# The length of a list, from its reference (the tail node, then the length in 4 bytes, big
+# endian: chain_ref); 0 for a reference of another size, which the reader refuses.
+_LENGTH = """CASE WHEN octet_length(chains.ref) = 20 THEN (get_byte(chains.ref, 16)::bigint << 24)
+    + (get_byte(chains.ref, 17) << 16) + (get_byte(chains.ref, 18) << 8) + get_byte(chains.ref, 19)
+    ELSE 0 END"""
 
 # A checkpoint (the newest of its namespace, or the one named), its channel values, its
 # pending writes and (with %(walk)s) the messages of its message lists, in one statement, if
@@ -377,20 +382,22 @@ chains (ref) AS (
     SELECT decode(split_part(entry.value, ':', 2), 'base64')
     FROM cp CROSS JOIN jsonb_each_text(cp.vals) AS entry WHERE starts_with(entry.value, 'chain:')
 ),
--- A row per single link or page: digests (oldest first) ending at depth (0 is the tail).
-walk (tail, depth, prev, digests) AS (
-    SELECT link.node, 0, link.prev, link.digests
+-- A row per single link or page: digests (oldest first) ending at depth (0 is the tail),
+-- no deeper than the list's length, which its reference holds (a damaged link could loop).
+walk (tail, depth, prev, digests, length) AS (
+    SELECT link.node, 0, link.prev, link.digests, {_LENGTH}
     FROM cp CROSS JOIN chains CROSS JOIN LATERAL (
         SELECT l.node, {_STEP} FROM tk_message_links AS l
         WHERE l.tid = cp.tid AND l.node = substring(chains.ref FROM 1 FOR 16) LIMIT 1
     ) AS link (node, prev, digests)
     WHERE %(walk)s
     UNION ALL
-    SELECT walk.tail, walk.depth + octet_length(walk.digests) / 16, link.prev, link.digests
+    SELECT walk.tail, walk.depth + octet_length(walk.digests) / 16, link.prev, link.digests, walk.length
     FROM walk CROSS JOIN cp CROSS JOIN LATERAL (
         SELECT {_STEP} FROM tk_message_links AS l
         WHERE l.tid = cp.tid AND l.node = walk.prev LIMIT 1
     ) AS link (prev, digests)
+    WHERE walk.depth + octet_length(walk.digests) / 16 < walk.length
 ),
 walked (tail, depth, digest) AS (
     SELECT walk.tail, walk.depth + size.n - 1 - i, substring(walk.digests FROM i * 16 + 1 FOR 16)
