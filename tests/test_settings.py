@@ -434,3 +434,27 @@ def test_w4_tries_count_failures_and_keep_an_unanswered_one_through_later_failur
     assert tries.failed(ConnectionError("refused")) == 1.0
     with pytest.raises(StorageError, match="after 3 attempts: refused; a try got no answer"):
         tries.failed(ConnectionError("refused"))
+
+
+def test_w4_a_postgres_try_may_have_stored_its_step_only_if_lost_while_a_commit_was_out() -> None:
+    """The Postgres engine's rule for its tries: only a try that failed while a round trip
+    that may commit was out, and not by the server's own answer, may have stored its step."""
+    import psycopg
+
+    from threadkeep.backends.postgres.engine import _InFlight
+
+    in_flight = _InFlight()
+    lost = psycopg.OperationalError("consuming input failed: server closed the connection unexpectedly")
+    in_flight.commits = False
+    in_flight.sending()  # BEGIN and a lock: nothing can commit yet
+    assert not in_flight(lost)
+    in_flight.commits = True
+    in_flight.sending()  # the rows and the COMMIT
+    assert in_flight(lost)
+    assert in_flight(psycopg.errors.AdminShutdown("terminating connection due to administrator command"))
+    assert not in_flight(psycopg.errors.DeadlockDetected("deadlock detected"))  # answered: rolled back
+    assert not in_flight(psycopg.errors.SerializationFailure("could not serialize access"))
+    in_flight.unanswered = False  # answered: the next round trip starts clean
+    in_flight.commits = False
+    in_flight.sending()
+    assert not in_flight(lost)

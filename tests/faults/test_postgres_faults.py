@@ -647,3 +647,97 @@ def test_w4_the_sweep_is_not_cut_short_by_the_command_timeout(provider: Any) -> 
         assert result.finished_swept == 1
         assert saver.get_tuple({"configurable": {"thread_id": "done"}}) is None
         assert saver.get_tuple({"configurable": {"thread_id": "busy"}}) is not None
+
+
+@pytest.mark.parametrize("case", ["one statement", "with its commit", "in its transaction"])
+@pytest.mark.parametrize("api", ["sync", "async"])
+def test_w4_a_step_whose_connection_died_unanswered_says_what_became_of_it(
+    provider: Any, proxy: TcpProxy, api: str, case: str
+) -> None:
+    """A put's round trip reaches the server, its answer is lost, then its connection dies
+    (a plain connection error, well within the command timeout) and Postgres refuses
+    connections for the tries left. A round trip that commits (a put as one statement; one
+    whose statements go between BEGIN and COMMIT, under a history limit) was stored, so the
+    final StorageError must not say that nothing of it was; a put whose connection died
+    while its transaction was still open (a thread's first put: its rows and COMMIT were
+    never sent) stored nothing, and says so. Sync, and async (where a put as one round trip
+    goes in a shared pipeline)."""
+    import psycopg
+    from langgraph.checkpoint.base import empty_checkpoint
+
+    dsn = postgres_schema(uuid.uuid4().hex)
+    settings = Settings(
+        retry_backoff_seconds=0.05,
+        pool_timeout_seconds=1,
+        connect_timeout_seconds=1,
+        retry_attempts=2,
+        state_history_limit=5 if case == "with its commit" else None,
+    )
+    metadata: Any = {"source": "loop", "step": 0}
+    first, lost = empty_checkpoint(), empty_checkpoint()
+    warm: Any = {"configurable": {"thread_id": "t", "checkpoint_ns": ""}}
+    thread: Any = {
+        "configurable": {"thread_id": "t" if case != "in its transaction" else "new", "checkpoint_ns": ""}
+    }
+    parent = {"checkpoint_id": first["id"]} if case != "in its transaction" else {}
+    config: Any = {"configurable": {**thread["configurable"], **parent}}
+    arrived = (
+        ("SELECT count(*) FROM tk_checkpoints WHERE checkpoint_id = %s", (lost["id"],))
+        if case != "in its transaction"
+        else (
+            "SELECT count(*) FROM pg_stat_activity"
+            " WHERE application_name = %s AND state = 'idle in transaction'",
+            ("tk-lost",),
+        )
+    )
+    problems: list[str] = []
+
+    def refuse_once_arrived() -> None:  # the lost put's answer never comes: cut it off
+        with psycopg.connect(dsn, autocommit=True) as watcher:
+            deadline = time.monotonic() + 10
+            while not watcher.execute(*arrived).fetchone()[0]:  # type: ignore[index]
+                if time.monotonic() > deadline:
+                    problems.append("the put never reached the server")
+                    break
+                time.sleep(0.02)
+        proxy.refuse()
+
+    cutter = threading.Thread(target=refuse_once_arrived, daemon=True)
+    with open_checkpointer("postgres", through(proxy, dsn, "tk-lost"), settings=settings) as saver:
+        saver.put(warm, first, metadata, {})  # thread t exists: a put on it continues its head
+
+        async def put_async() -> None:
+            await saver.aget_tuple(warm)  # this loop's pool, open
+            proxy.mute_replies()
+            cutter.start()
+            await saver.aput(config, lost, metadata, {})
+
+        def put_sync() -> None:
+            proxy.mute_replies()
+            cutter.start()
+            saver.put(config, lost, metadata, {})
+
+        put = (lambda: asyncio.run(put_async())) if api == "async" else put_sync
+        with pytest.raises(StorageError, match="unreachable after 2 attempts") as failed:
+            put()
+        cutter.join(15)
+        assert not problems
+        if case == "one statement":  # a put that finds no connection at all stored nothing
+            again = empty_checkpoint()
+            put_again = (
+                (lambda: asyncio.run(saver.aput(config, again, metadata, {})))
+                if api == "async"
+                else (lambda: saver.put(config, again, metadata, {}))
+            )
+            with pytest.raises(StorageError, match="nothing of this step was stored"):
+                put_again()
+    with open_checkpointer("postgres", dsn, settings=Settings()) as direct:
+        stored = direct.get_tuple(thread)
+    if case == "in its transaction":
+        assert "nothing of this step was stored" in str(failed.value)
+        assert stored is None  # rolled back with its connection
+    else:
+        assert "nothing of this step was stored" not in str(failed.value)
+        assert "may have run it" in str(failed.value)
+        assert stored is not None
+        assert stored.checkpoint["id"] == lost["id"]  # it was stored

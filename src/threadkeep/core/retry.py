@@ -104,8 +104,9 @@ class RetryPolicy:
 @dataclass(slots=True)
 class Tries:
     """One call's tries under ``policy``: how many have failed, and whether one of them may
-    have run its step on the server without answering (``unanswered`` says so of an
-    error: a Postgres statement given up on, a Redis reply lost). An engine's sync and
+    have run its step on the server without answering (``unanswered`` says so of a failed
+    try's error: on Postgres, one that came while a round trip that may commit was out; on
+    Redis, a script's reply lost). An engine's sync and
     async retry loops keep their count here, and learn from :meth:`failed` how long to
     wait, or that the call has failed for good.
     """

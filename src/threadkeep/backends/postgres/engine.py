@@ -42,7 +42,7 @@ from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
 
 from threadkeep.backends.closing import PerLoop, close_elsewhere
 from threadkeep.backends.postgres import wire
-from threadkeep.backends.postgres.deadline import NoAnswer, checks_bounded, timed_classes
+from threadkeep.backends.postgres.deadline import checks_bounded, timed_classes
 from threadkeep.core.program import Batch, Program, ProgramFactory, Sql, SqlMany, drive, drive_async
 from threadkeep.core.retry import RetryPolicy, Tries
 from threadkeep.errors import StorageError
@@ -93,7 +93,8 @@ class PoolOptions:
         connect_timeout: Seconds a new connection may take.
         command_timeout: Seconds a connection waits for the server's answer before a cancel
             is sent, the connection closed and the step retried on a new one
-            (:mod:`.deadline`: its outcome is then unconfirmed); ``None``, no bound.
+            (:mod:`.deadline`: a round trip that may commit then has an unknown outcome,
+            :class:`_InFlight`); ``None``, no bound.
         prepare_threshold: psycopg's: prepare a statement after it ran this many times;
             ``None`` never prepares (for PgBouncer in transaction mode).
     """
@@ -276,7 +277,10 @@ class PostgresEngine:
         one round trip)."""
         prepare = self._preparing[write]
         return self._retrying(
-            lambda: self._once(make, self._sync_pool().connection(), write and atomic, prepare), write
+            lambda in_flight: self._once(
+                make, self._sync_pool().connection(), write and atomic, prepare, in_flight
+            ),
+            write,
         )
 
     def setup(self, make: ProgramFactory[T]) -> T:
@@ -284,13 +288,16 @@ class PostgresEngine:
         before any pool is needed (an application that only uses the async API never opens a
         sync pool)."""
         prepare = self._preparing[False]
-        return self._retrying(lambda: self._once(make, self.connect(), True, prepare), False)
+        return self._retrying(
+            lambda in_flight: self._once(make, self.connect(), True, prepare, in_flight), False
+        )
 
-    def _retrying(self, attempt: Callable[[], T], write: bool) -> T:
-        tries = Tries(self.retry, write, _unanswered)
+    def _retrying(self, attempt: Callable[[_InFlight], T], write: bool) -> T:
+        in_flight = _InFlight()
+        tries = Tries(self.retry, write, in_flight)
         while True:
             try:
-                return attempt()
+                return attempt(in_flight)
             except Exception as error:
                 self._refuse_if_closed()  # closed meanwhile: say so, not what the closing broke
                 delay = tries.failed(error)
@@ -309,10 +316,14 @@ class PostgresEngine:
         connection: AbstractContextManager[psycopg.Connection[Any]],
         transaction: bool,
         prepare: _Preparing,
+        in_flight: _InFlight,
     ) -> T:
         with connection as conn:
             try:
-                return drive(_round_trips(make(), transaction), partial(_send, conn, prepare=prepare))
+                return drive(
+                    _round_trips(make(), transaction, in_flight),
+                    partial(_send_tracked, conn, prepare, in_flight),
+                )
             except BaseException:
                 _rollback(conn)
                 raise
@@ -322,20 +333,22 @@ class PostgresEngine:
         trip that opens no transaction, or holds a whole one, may go with other calls'
         (:func:`_coalescible`, :class:`_Coalescer`); what the program asks after it, on a
         connection of its own."""
-        tries = Tries(self.retry, write, _unanswered)
+        in_flight = _InFlight()
+        tries = Tries(self.retry, write, in_flight)
         pool: AsyncConnectionPool | None = None
         prepare = self._preparing[write]
         while True:
             try:
                 pool = await self._async_pool()
-                program = _round_trips(make(), write and atomic)
+                program = _round_trips(make(), write and atomic, in_flight)
                 try:
                     request = next(program)
                 except StopIteration as stop:  # a program with nothing to do
                     return stop.value  # type: ignore[no-any-return]
                 coalescer = self._coalescer() if tries.first and _coalescible(request, prepare) else None
                 if coalescer is not None:
-                    reply = await coalescer.send(request, prepare)
+                    reply = await coalescer.send(request, prepare, in_flight)
+                    in_flight.unanswered = False
                     if reply is not _ALONE:
                         try:
                             request = program.send(reply)
@@ -344,7 +357,7 @@ class PostgresEngine:
                 async with pool.connection() as conn:
                     try:
                         return await drive_async(
-                            program, partial(_send_async, conn, prepare=prepare), request
+                            program, partial(_send_async_tracked, conn, prepare, in_flight), request
                         )
                     except BaseException:
                         await _rollback_async(conn)
@@ -391,9 +404,37 @@ class PostgresEngine:
         await close_elsewhere(self.close)  # the rest: the sync pool, other loops' pools
 
 
-def _unanswered(error: BaseException) -> bool:
-    """Whether a try's step may still run on the server: it was given up on unanswered."""
-    return isinstance(error, NoAnswer)
+@dataclass(slots=True)
+class _InFlight:
+    """A call's round trip in flight: whether the last one its program asked for may commit
+    (it carries the COMMIT, or runs outside a transaction, where each statement commits
+    itself), and whether such a round trip went to the server and is still unanswered.
+
+    As the retry rule for :class:`~threadkeep.core.retry.Tries`: a try that failed while
+    such a round trip was unanswered (a timeout, a connection lost on the way back) may have
+    stored its step; one that failed before it was sent (a connection refused or none free,
+    a connection lost while an earlier round trip of its transaction was out) did not, nor
+    one the server answered with an error (a deadlock, a serialization failure: it rolled
+    the transaction back). A round trip handed to a connection that was already dead
+    counts as sent: the client cannot tell.
+    """
+
+    commits: bool = False
+    unanswered: bool = False
+
+    def __call__(self, error: BaseException) -> bool:
+        return self.unanswered and not _server_answer(error)
+
+    def sending(self) -> None:
+        self.unanswered = self.unanswered or self.commits
+
+
+def _server_answer(error: BaseException) -> bool:
+    """Whether ``error`` is the server's answer (an error it reported and rolled back on),
+    not the loss of its connection: SQLSTATE class 08 (connection exception) and 57P
+    (an operator's shutdown, which may come after a COMMIT went through) are losses."""
+    sqlstate = getattr(error, "sqlstate", None)
+    return sqlstate is not None and not sqlstate.startswith(("08", "57P"))
 
 
 async def _close_pool(pool: AsyncConnectionPool) -> None:
@@ -442,7 +483,9 @@ _BEGIN = "BEGIN ISOLATION LEVEL READ COMMITTED"
 _COMMIT = "COMMIT"
 
 
-def _round_trips(program: Program[T], transaction: bool) -> Generator[list[_Statement], list[Any], T]:
+def _round_trips(
+    program: Program[T], transaction: bool, in_flight: _InFlight
+) -> Generator[list[_Statement], list[Any], T]:
     """Run ``program`` as round trips: yields the statements of each, receives their results.
 
     BEGIN travels with the first round trip and COMMIT with the last. A batch whose results
@@ -452,7 +495,7 @@ def _round_trips(program: Program[T], transaction: bool) -> Generator[list[_Stat
     COMMIT, or goes alone if it is one statement that no transaction precedes (a put as one
     statement: one round trip); what the program asks after it runs in a new transaction.
     A failed round trip is raised inside the program, as :func:`~threadkeep.core.program.drive`
-    does.
+    does. ``in_flight`` is told, before each round trip is yielded, whether it may commit.
     """
     held: list[Sql | SqlMany] = []
     begun = False
@@ -470,6 +513,7 @@ def _round_trips(program: Program[T], transaction: bool) -> Generator[list[_Stat
                 sent = [*opening, *held, *statements, *closing]
                 first = len(sent) - len(closing) - len(statements)
                 held, begun = [], False
+                in_flight.commits = True  # its COMMIT, or one statement committing itself
                 results = yield sent
                 if closing:
                     _check_committed(results[-1])
@@ -484,6 +528,7 @@ def _round_trips(program: Program[T], transaction: bool) -> Generator[list[_Stat
                 statements, shape = _statements(request)
                 sent = [*opening, *held, *statements]
                 held = []
+                in_flight.commits = not transaction
                 results = yield sent
                 reply = shape(results[len(sent) - len(statements) :])
         except Exception as error:
@@ -491,15 +536,17 @@ def _round_trips(program: Program[T], transaction: bool) -> Generator[list[_Stat
             try:
                 request = program.throw(error)
             except StopIteration as stop:
-                return (yield from _finish(held, begun, stop.value))  # type: ignore[no-any-return]
+                return (yield from _finish(held, begun, stop.value, in_flight))  # type: ignore[no-any-return]
             continue
         try:
             request = program.send(reply)
         except StopIteration as stop:
-            return (yield from _finish(held, begun, stop.value))  # type: ignore[no-any-return]
+            return (yield from _finish(held, begun, stop.value, in_flight))  # type: ignore[no-any-return]
 
 
-def _finish(held: list[Sql | SqlMany], begun: bool, value: T) -> Generator[list[_Statement], list[Any], T]:
+def _finish(
+    held: list[Sql | SqlMany], begun: bool, value: T, in_flight: _InFlight
+) -> Generator[list[_Statement], list[Any], T]:
     """Send what is held back, with the COMMIT.
 
     Raises:
@@ -508,6 +555,7 @@ def _finish(held: list[Sql | SqlMany], begun: bool, value: T) -> Generator[list[
     """
     tail: list[_Statement] = [*held, *([_COMMIT] if begun else [])]
     if tail:
+        in_flight.commits = True
         results = yield tail
         if begun:
             _check_committed(results[-1])
@@ -611,6 +659,16 @@ def _send(conn: psycopg.Connection[Any], statements: list[_Statement], prepare: 
     )
 
 
+def _send_tracked(
+    conn: psycopg.Connection[Any], prepare: _Preparing, in_flight: _InFlight, statements: list[_Statement]
+) -> list[Any]:
+    """:func:`_send`, with ``in_flight`` knowing while a round trip that may commit is out."""
+    in_flight.sending()
+    results = _send(conn, statements, prepare)
+    in_flight.unanswered = False
+    return results
+
+
 def _queue(
     conn: psycopg.Connection[Any], statement: _Statement, prepare: _Preparing
 ) -> psycopg.Cursor[Any] | None:
@@ -666,6 +724,18 @@ async def _send_async(
             for statement, cursor in zip(statements, cursors, strict=True)
         ]
     )
+
+
+async def _send_async_tracked(
+    conn: psycopg.AsyncConnection[Any],
+    prepare: _Preparing,
+    in_flight: _InFlight,
+    statements: list[_Statement],
+) -> list[Any]:
+    in_flight.sending()
+    results = await _send_async(conn, statements, prepare)
+    in_flight.unanswered = False
+    return results
 
 
 async def _queue_async(
@@ -751,6 +821,7 @@ class _Waiting:
 
     statements: list[_Statement]
     prepare: _Preparing
+    in_flight: _InFlight
     reply: asyncio.Future[Any]
 
 
@@ -788,8 +859,9 @@ class _Coalescer:
         self.running = 0
         self.tasks: set[asyncio.Task[None]] = set()  # the running ones, kept from the collector
 
-    async def send(self, statements: list[_Statement], prepare: _Preparing) -> Any:
-        """The results of ``statements`` as :func:`_send_async` gives them, or :data:`_ALONE`.
+    async def send(self, statements: list[_Statement], prepare: _Preparing, in_flight: _InFlight) -> Any:
+        """The results of ``statements`` as :func:`_send_async` gives them, or :data:`_ALONE`;
+        ``in_flight`` is told when they go out (the caller, when they are answered).
 
         Raises:
             Exception: what failed the whole pipeline the round trip went on (a dropped
@@ -797,7 +869,7 @@ class _Coalescer:
         """
         loop = asyncio.get_running_loop()
         reply: asyncio.Future[Any] = loop.create_future()
-        self.waiting.append(_Waiting(statements, prepare, reply))
+        self.waiting.append(_Waiting(statements, prepare, in_flight, reply))
         if self.running < self.IN_FLIGHT:
             # Counted here and uncounted at the flush's last step, with no await between
             # its finding nothing waiting and that: a round trip is never left unsent.
@@ -838,6 +910,7 @@ class _Coalescer:
                         if waiting.prepare.write:
                             statements, results = _bounded(statements, results)
                         if pipeline.queue(statements, waiting.prepare):
+                            waiting.in_flight.sending()
                             sent.append((waiting, results))
                     trips = pipeline.judge(await wire.wait(conn, pipeline.exchange(), self.deadline))
                     pipeline.end()
