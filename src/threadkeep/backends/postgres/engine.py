@@ -416,14 +416,16 @@ class _InFlight:
     a connection lost while an earlier round trip of its transaction was out) did not, nor
     one the server answered with an error (a deadlock, a serialization failure: it rolled
     the transaction back). A round trip handed to a connection that was already dead
-    counts as sent: the client cannot tell.
+    counts as sent: the client cannot tell. Asked once per failed try, the rule also starts
+    the next try clean.
     """
 
     commits: bool = False
     unanswered: bool = False
 
     def __call__(self, error: BaseException) -> bool:
-        return self.unanswered and not _server_answer(error)
+        unanswered, self.unanswered = self.unanswered, False
+        return unanswered and not _server_answer(error)
 
     def sending(self) -> None:
         self.unanswered = self.unanswered or self.commits
