@@ -140,11 +140,16 @@ class RedisServer:
 
 
 class RedisCluster:
-    """A three-primary Redis Cluster on free ports (redis-cli --cluster create)."""
+    """A three-primary Redis Cluster on free ports (redis-cli --cluster create), with
+    ``replicas`` replicas of each primary; a node that does not answer for
+    ``node_timeout_ms`` counts as failed to the others (a replica of a failed primary then
+    takes its place)."""
 
-    def __init__(self, size: int = 3) -> None:
+    def __init__(self, size: int = 3, node_timeout_ms: int = 2000, replicas: int = 0) -> None:
+        self.replicas = replicas
         self.nodes = [
-            RedisServer("--cluster-enabled", "yes", "--cluster-node-timeout", "2000") for _ in range(size)
+            RedisServer("--cluster-enabled", "yes", "--cluster-node-timeout", str(node_timeout_ms))
+            for _ in range(size * (1 + replicas))
         ]
 
     @property
@@ -157,7 +162,15 @@ class RedisCluster:
             node.start()
         addresses = [f"127.0.0.1:{node.port}" for node in self.nodes]
         subprocess.run(
-            ["redis-cli", "--cluster", "create", *addresses, "--cluster-replicas", "0", "--cluster-yes"],
+            [
+                "redis-cli",
+                "--cluster",
+                "create",
+                *addresses,
+                "--cluster-replicas",
+                str(self.replicas),
+                "--cluster-yes",
+            ],
             capture_output=True,
             timeout=60,
             check=True,
@@ -166,6 +179,16 @@ class RedisCluster:
             lambda: all("cluster_state:ok" in node.cli("cluster", "info") for node in self.nodes),
             30,
             "the cluster to be ready",
+        )
+        # A replica that has not synced with its primary yet cannot take its place.
+        _wait(
+            lambda: all(
+                "master_link_status:up" in info
+                for info in (node.cli("info", "replication") for node in self.nodes)
+                if "role:slave" in info
+            ),
+            60,
+            "the replicas to sync",
         )
         return self
 

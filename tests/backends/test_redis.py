@@ -570,3 +570,77 @@ def test_w4_only_a_lost_reply_counts_as_a_script_that_may_have_run() -> None:
     assert not _may_have_run(MaxConnectionsError("No connection available."))
     assert not _may_have_run(BusyLoadingError("Redis is loading the dataset in memory"))
     assert not _may_have_run(ValueError("not a connection error"))
+
+
+@pytest.mark.providers("redis-cluster")
+@pytest.mark.parametrize("api", ["sync", "async"])
+def test_w4_a_stalled_cluster_node_costs_the_settings_tries_only(provider: Any, api: str) -> None:
+    """A cluster node that stops answering (SIGSTOP: its connections stay open, mute) fails
+    a call after threadkeep's own tries, each bounded by COMMAND_TIMEOUT_SECONDS: redis-py's
+    cluster client does not try each of them again itself (up to 10 times, 22 s here)."""
+    import asyncio
+    import os
+    import signal
+    from functools import partial
+
+    from tests.servers import RedisCluster
+
+    # Failover would start after the node timeout: far longer than the test.
+    cluster = RedisCluster(node_timeout_ms=60_000).start()
+    settings = Settings(command_timeout_seconds=1, retry_attempts=2, retry_backoff_seconds=0)
+    stopped = None
+    try:
+        with open_checkpointer("redis", cluster.url, settings=settings, key_prefix="tkstall") as saver:
+            saver.put(_config("stall"), _checkpoint(), {"source": "input", "step": -1}, {})
+            client = raw(saver)
+            port = client.get_node_from_key(thread_keys(saver, "stall")[0]).port
+            stopped = next(node for node in cluster.nodes if node.port == port).process
+            assert stopped is not None
+            os.kill(stopped.pid, signal.SIGSTOP)
+            read = partial(saver.get_tuple, _config("stall"))
+            if api == "async":
+                read = partial(asyncio.run, saver.aget_tuple(_config("stall")))
+            started = time.monotonic()
+            with pytest.raises(StorageError, match="unreachable after 2 attempts"):
+                read()
+            # 2 tries of 1 s; redis-py's own tries made it 22 s
+            assert time.monotonic() - started < 10
+    finally:
+        if stopped is not None:
+            os.kill(stopped.pid, signal.SIGCONT)
+        cluster.close()
+
+
+@pytest.mark.slow
+@pytest.mark.providers("redis-cluster")
+@pytest.mark.parametrize("api", ["sync", "async"])
+def test_w4_a_turn_outlasts_its_primarys_failover(provider: Any, api: str) -> None:
+    """The primary holding a thread is killed between two turns of a run; a replica takes
+    its place after the node timeout (2 s, and an election). The next turn's calls are
+    retried as the settings say, find the new primary, and the run ends with every
+    checkpoint and message of both turns."""
+    import asyncio
+
+    from tests.servers import RedisCluster
+
+    cluster = RedisCluster(replicas=1).start()
+    # 0.5 + 1 + 2 + 4 + 8 s between tries: far longer than the failover.
+    settings = Settings(retry_attempts=6, retry_backoff_seconds=0.5)
+    try:
+        with open_checkpointer("redis", cluster.url, settings=settings, key_prefix="tkfailover") as saver:
+            graph = build_agent(saver)
+            run_turns(graph, "failover", 1)
+            history = len(list(saver.list(_config("failover"))))
+            port = raw(saver).get_node_from_key(thread_keys(saver, "failover")[0]).port
+            primary = next(node for node in cluster.nodes if node.port == port)
+            primary.stop()
+            if api == "sync":
+                run_turns(graph, "failover", 1, first=1)
+            else:
+                asyncio.run(graph.ainvoke(turn_input(1), _config("failover")))
+            state = saver.get_tuple(_config("failover"))
+            assert state is not None
+            assert len(state.checkpoint["channel_values"]["messages"]) == 2 * MESSAGES_PER_TURN
+            assert len(list(saver.list(_config("failover")))) == 2 * history
+    finally:
+        cluster.close()

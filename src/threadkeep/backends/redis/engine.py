@@ -11,6 +11,7 @@ a step replayed after its reply was lost finds its checkpoint stored and passes.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
 from collections.abc import Sequence
@@ -23,10 +24,20 @@ from urllib.parse import urlsplit
 import redis
 import redis.asyncio
 import redis.asyncio.cluster
+import redis.asyncio.retry
 import redis.cluster
-from redis.exceptions import BusyLoadingError, ClusterDownError, MaxConnectionsError, TryAgainError
+from redis.backoff import NoBackoff
+from redis.exceptions import (
+    BusyLoadingError,
+    ClusterDownError,
+    MaxConnectionsError,
+    RedisClusterException,
+    RedisError,
+    TryAgainError,
+)
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
+from redis.retry import Retry
 
 from threadkeep.backends.closing import PerLoop, close_elsewhere
 from threadkeep.core.program import Program, ProgramFactory, drive, drive_async
@@ -116,6 +127,15 @@ def is_connection_error(error: BaseException) -> bool:
     return isinstance(
         error, (RedisConnectionError, RedisTimeoutError, BusyLoadingError, ClusterDownError, TryAgainError)
     )
+
+
+def _read_layout(client: Any) -> None:
+    """Read a cluster's layout again before a sync retry. redis-py's sync client read it
+    when the last try failed, maybe before a failover promoted a replica; its async client
+    reads it again at its next command. If no node answers now, the try goes by the old
+    layout and fails as the last one did."""
+    with contextlib.suppress(RedisError, RedisClusterException):
+        client.nodes_manager.initialize()
 
 
 def _may_have_run(error: BaseException) -> bool:
@@ -213,16 +233,22 @@ class RedisEngine:
             return self._given
         client = self._client
         if client is None:
-            factory = redis.cluster.RedisCluster if self.cluster else redis.Redis
             with self._opening:
                 self._refuse_if_closed()
                 if self._client is None:
-                    self._client = factory.from_url(
-                        self.url,
-                        socket_connect_timeout=self._timeout,
-                        socket_timeout=self._socket_timeout,
-                        health_check_interval=30,
-                    )
+                    options: dict[str, Any] = {
+                        "socket_connect_timeout": self._timeout,
+                        "socket_timeout": self._socket_timeout,
+                        "health_check_interval": 30,
+                        "retry": Retry(NoBackoff(), 0),  # threadkeep's retries only: see _async
+                    }
+                    if self.cluster:
+                        seeds = self._seeds(redis.cluster.ClusterNode)
+                        self._client = redis.cluster.RedisCluster.from_url(
+                            self.url, startup_nodes=seeds, **options
+                        )
+                    else:
+                        self._client = redis.Redis.from_url(self.url, **options)
                 client = self._client
         return client
 
@@ -234,8 +260,17 @@ class RedisEngine:
         client = self._async_clients.get(loop)
         if client is None:
             if self.cluster:
+                # redis-py's cluster client would try a command that failed on a dropped or
+                # silent connection again itself, up to 10 times (each up to the command
+                # timeout), before threadkeep's retries, which the settings bound. It reads
+                # the layout again after such a failure all the same, so threadkeep's next
+                # try finds a primary that failed over.
                 client = redis.asyncio.cluster.RedisCluster.from_url(
-                    self.url, socket_connect_timeout=self._timeout, socket_timeout=self._socket_timeout
+                    self.url,
+                    startup_nodes=self._seeds(redis.asyncio.cluster.ClusterNode),
+                    socket_connect_timeout=self._timeout,
+                    socket_timeout=self._socket_timeout,
+                    retry=redis.asyncio.retry.Retry(NoBackoff(), 0),
                 )
             else:
                 # redis-py's own pool refuses a call past its 100 connections ("Too many
@@ -257,6 +292,19 @@ class RedisEngine:
                 self._refuse_if_closed()
         return client
 
+    def _seeds(self, node: Any) -> list[Any]:
+        """``node(host, port)`` (a ``ClusterNode`` class) of every cluster node this engine's
+        clients have found (the sync client's, each loop's), for a new client to start from
+        beside the URL's node: that node may be down while the cluster serves (a primary
+        that failed over)."""
+        clients: list[Any] = [self._given, self._given_async, self._client, *self._async_clients.values()]
+        found: set[tuple[str, int]] = set()
+        for client in clients:
+            if isinstance(client, (redis.cluster.RedisCluster, redis.asyncio.cluster.RedisCluster)):
+                nodes: Any = client.nodes_manager.nodes_cache
+                found.update((known.host, known.port) for known in list(nodes.values()))
+        return [node(host, port) for host, port in sorted(found)]
+
     def _script(self, client: Any, name: str) -> Any:
         key = (id(client), name)
         script = self._scripts.get(key)
@@ -271,7 +319,10 @@ class RedisEngine:
         tries = Tries(self.retry, write, _may_have_run)
         while True:
             try:
-                return drive(make(), partial(self._execute, self._sync()))
+                client = self._sync()
+                if not tries.first and self.cluster:
+                    _read_layout(client)
+                return drive(make(), partial(self._execute, client))
             except Exception as error:
                 self._refuse_if_closed()  # closed meanwhile: say so, not what the closing broke
                 time.sleep(tries.failed(error))
