@@ -102,3 +102,27 @@ async def test_a_paused_list_does_not_hold_up_writes(saver: Any) -> None:
     state = await saver.aget_tuple(cfg("paused"))
     assert len(state.checkpoint["channel_values"]["messages"]) == 3 * MESSAGES_PER_TURN
     await listing.aclose()
+
+
+def test_a_metadata_filter_finds_the_same_checkpoints_on_every_store(saver: Any) -> None:
+    """LangGraph's own savers answer a metadata filter each their own way: ``InMemorySaver``
+    by Python's equality (``True == 1``), ``PostgresSaver`` by jsonb containment (a filter
+    ``{"a": {"b": 1}}`` finds ``{"a": {"b": 1, "c": 2}}``). Every threadkeep store compares
+    as JSON values are compared: nested values whole, ``1`` the same as ``1.0``, a boolean
+    only with a boolean."""
+    checkpoint = _checkpoint({})
+    metadata = {"source": "input", "step": -1, "a": {"b": 1, "c": 2}, "n": 1, "l": [1, 2], "f": 1.5}
+    saver.put(cfg("filters"), checkpoint, metadata, {})
+
+    def found(**wanted: Any) -> bool:
+        listed = [item.checkpoint["id"] for item in saver.list(cfg("filters"), filter=wanted)]
+        return listed == [checkpoint["id"]]
+
+    assert found(a={"b": 1, "c": 2}, n=1, l=[1, 2], f=1.5)
+    assert found(a={"c": 2.0, "b": 1}, n=1.0)
+    assert not found(a={"b": 1})  # a part of a nested value
+    assert not found(l=[1])
+    assert not found(l=[2, 1])
+    assert not found(n=True)  # equal to 1 in Python, not in JSON
+    assert not found(n="1")
+    assert not found(missing=None)

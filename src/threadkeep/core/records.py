@@ -624,10 +624,24 @@ class StoredCheckpoint:
 
 
 def matches_filter(metadata: Mapping[str, Any], wanted: Mapping[str, Any] | None) -> bool:
-    """Whether ``metadata`` holds every key of ``wanted`` with an equal value."""
+    """Whether ``metadata`` holds every key of ``wanted`` with an equal value, as JSON
+    values are equal (:func:`_same_json`): every store answers a filter alike, Postgres's
+    jsonb included."""
     if not wanted:
         return True
-    return all(key in metadata and metadata[key] == value for key, value in wanted.items())
+    return all(key in metadata and _same_json(metadata[key], value) for key, value in wanted.items())
+
+
+def _same_json(stored: Any, wanted: Any) -> bool:
+    """Equality as between JSON values: Python's, but for a boolean, which equals only a
+    boolean (``True == 1`` in Python; ``true`` is not ``1`` in JSON); nested values whole."""
+    if isinstance(stored, bool) or isinstance(wanted, bool):
+        return type(stored) is type(wanted) and stored == wanted
+    if isinstance(stored, Mapping) and isinstance(wanted, Mapping):
+        return stored.keys() == wanted.keys() and all(_same_json(stored[key], wanted[key]) for key in wanted)
+    if isinstance(stored, (list, tuple)) and isinstance(wanted, (list, tuple)):
+        return len(stored) == len(wanted) and all(map(_same_json, stored, wanted))
+    return bool(stored == wanted)
 
 
 @dataclass(frozen=True, slots=True)
