@@ -33,6 +33,7 @@ from redis.exceptions import (
     MaxConnectionsError,
     RedisClusterException,
     RedisError,
+    SlotNotCoveredError,
     TryAgainError,
 )
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -123,19 +124,30 @@ def _scan_reply(reply: tuple[Any, list[bytes]]) -> tuple[dict[str | None, int], 
 
 
 def is_connection_error(error: BaseException) -> bool:
-    """Whether ``error`` means the server went away or is not serving yet: worth a retry."""
+    """Whether ``error`` means the server went away or is not serving yet: worth a retry.
+    On a cluster, so does a slot no node serves for now, or no node of the layout
+    answering (a failover under way)."""
+    if isinstance(error, SlotNotCoveredError):
+        return True
+    if isinstance(error, RedisClusterException):  # "cannot be connected", from its cause
+        return isinstance(error.__cause__, (RedisConnectionError, RedisTimeoutError))
     return isinstance(
         error, (RedisConnectionError, RedisTimeoutError, BusyLoadingError, ClusterDownError, TryAgainError)
     )
 
 
-def _read_layout(client: Any) -> None:
-    """Read a cluster's layout again before a sync retry. redis-py's sync client read it
-    when the last try failed, maybe before a failover promoted a replica; its async client
-    reads it again at its next command. If no node answers now, the try goes by the old
-    layout and fails as the last one did."""
+def _read_layout(client: Any, failed: BaseException) -> None:
+    """Read a cluster's layout again before a sync retry, asking the node the last try
+    failed on (``failed``'s) last. redis-py's sync client read it when that try failed,
+    maybe before a failover promoted a replica; its async client reads it again at its next
+    command. If no node answers now, the try goes by the old layout and fails as the last
+    one did."""
+    if not isinstance(client, redis.cluster.RedisCluster):
+        return
+    where = getattr(failed, "connection", None)  # redis-py's: the node's connection, or the node
+    last = None if where is None else f"{where.host}:{where.port}"
     with contextlib.suppress(RedisError, RedisClusterException):
-        client.nodes_manager.initialize()
+        client.nodes_manager.initialize(last_failed_node_name=last)
 
 
 def _may_have_run(error: BaseException) -> bool:
@@ -189,7 +201,10 @@ class RedisEngine:
         self._socket_timeout = socket_timeout
         self._client: Any = None
         # One client per event loop, closed at the loop's end if not before.
-        self._async_clients: PerLoop[Any] = PerLoop(_close_client, "threadkeep-redis-client-closer")
+        self._async_clients: PerLoop[Any] = PerLoop(self._close_async, "threadkeep-redis-client-closer")
+        # The cluster nodes the clients this engine opened have found, kept past their close.
+        self._nodes: set[tuple[str, int]] = set()
+        self._nodes_lock = threading.Lock()
         self._scripts: dict[tuple[int, str], Any] = {}
         self._cluster = cluster
         self._closed = False
@@ -240,12 +255,13 @@ class RedisEngine:
                         "socket_connect_timeout": self._timeout,
                         "socket_timeout": self._socket_timeout,
                         "health_check_interval": 30,
-                        "retry": Retry(NoBackoff(), 0),  # threadkeep's retries only: see _async
                     }
-                    if self.cluster:
-                        seeds = self._seeds(redis.cluster.ClusterNode)
+                    if self.cluster:  # as in _async
                         self._client = redis.cluster.RedisCluster.from_url(
-                            self.url, startup_nodes=seeds, **options
+                            self.url,
+                            startup_nodes=self._seeds(redis.cluster.ClusterNode),
+                            retry=Retry(NoBackoff(), 0),
+                            **options,
                         )
                     else:
                         self._client = redis.Redis.from_url(self.url, **options)
@@ -262,9 +278,10 @@ class RedisEngine:
             if self.cluster:
                 # redis-py's cluster client would try a command that failed on a dropped or
                 # silent connection again itself, up to 10 times (each up to the command
-                # timeout), before threadkeep's retries, which the settings bound. It reads
-                # the layout again after such a failure all the same, so threadkeep's next
-                # try finds a primary that failed over.
+                # timeout), inside each of threadkeep's tries, which the settings bound. The
+                # layout is read again after such a failure all the same (and before a sync
+                # retry: _read_layout), so threadkeep's next try finds a primary that failed
+                # over. It starts from every node found so far (_seeds).
                 client = redis.asyncio.cluster.RedisCluster.from_url(
                     self.url,
                     startup_nodes=self._seeds(redis.asyncio.cluster.ClusterNode),
@@ -293,17 +310,29 @@ class RedisEngine:
         return client
 
     def _seeds(self, node: Any) -> list[Any]:
-        """``node(host, port)`` (a ``ClusterNode`` class) of every cluster node this engine's
-        clients have found (the sync client's, each loop's), for a new client to start from
-        beside the URL's node: that node may be down while the cluster serves (a primary
-        that failed over)."""
-        clients: list[Any] = [self._given, self._given_async, self._client, *self._async_clients.values()]
-        found: set[tuple[str, int]] = set()
-        for client in clients:
-            if isinstance(client, (redis.cluster.RedisCluster, redis.asyncio.cluster.RedisCluster)):
-                nodes: Any = client.nodes_manager.nodes_cache
-                found.update((known.host, known.port) for known in list(nodes.values()))
-        return [node(host, port) for host, port in sorted(found)]
+        """``node(host, port)`` (a ``ClusterNode`` class) of every cluster node the clients
+        this engine opened have found (those open now and those closed, each loop's), for a
+        new client to start from beside the URL's node: that node may be down while the
+        cluster serves (a primary that failed over). An application's own clients are not
+        asked: they may serve another deployment."""
+        for client in [self._client, *self._async_clients.values()]:
+            self._remember(client)
+        with self._nodes_lock:
+            found = sorted(self._nodes)
+        return [node(host, port) for host, port in found]
+
+    def _remember(self, client: Any) -> None:
+        """Keep the nodes a cluster client has found (:meth:`_seeds`)."""
+        if isinstance(client, (redis.cluster.RedisCluster, redis.asyncio.cluster.RedisCluster)):
+            nodes: Any = client.nodes_manager.nodes_cache
+            with self._nodes_lock:
+                # a copy first: the client's own thread may change it meanwhile
+                self._nodes.update((known.host, known.port) for known in list(nodes.values()))
+
+    async def _close_async(self, client: Any) -> None:
+        """Close a loop's client, keeping the nodes it found."""
+        self._remember(client)
+        await _close_client(client)
 
     def _script(self, client: Any, name: str) -> Any:
         key = (id(client), name)
@@ -317,15 +346,17 @@ class RedisEngine:
         reply was lost (:func:`_may_have_run`) may have run: a step then failed for good
         is not said to be unstored."""
         tries = Tries(self.retry, write, _may_have_run)
+        failed: Exception | None = None
         while True:
             try:
                 client = self._sync()
-                if not tries.first and self.cluster:
-                    _read_layout(client)
+                if failed is not None:
+                    _read_layout(client, failed)
                 return drive(make(), partial(self._execute, client))
             except Exception as error:
                 self._refuse_if_closed()  # closed meanwhile: say so, not what the closing broke
                 time.sleep(tries.failed(error))
+                failed = error
 
     async def arun(self, make: ProgramFactory[T], *, write: bool = False, atomic: bool = True) -> T:
         """The same as :meth:`run`, on the event loop's own client."""
