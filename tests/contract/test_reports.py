@@ -7,6 +7,7 @@ tests keep it so.
 from __future__ import annotations
 
 import asyncio
+import enum
 from typing import Any
 
 from langchain_core.messages import HumanMessage
@@ -104,25 +105,50 @@ async def test_a_paused_list_does_not_hold_up_writes(saver: Any) -> None:
     await listing.aclose()
 
 
+class Mode(enum.Enum):
+    """An enum a run's metadata may hold."""
+
+    FAST = "fast"
+
+
 def test_a_metadata_filter_finds_the_same_checkpoints_on_every_store(saver: Any) -> None:
     """LangGraph's own savers answer a metadata filter each their own way: ``InMemorySaver``
     by Python's equality (``True == 1``), ``PostgresSaver`` by jsonb containment (a filter
     ``{"a": {"b": 1}}`` finds ``{"a": {"b": 1, "c": 2}}``). Every threadkeep store compares
-    as JSON values are compared: nested values whole, ``1`` the same as ``1.0``, a boolean
-    only with a boolean."""
+    values as it stores them, equal as JSON values: nested values whole, ``1`` the same as
+    ``1.0``, a boolean only a boolean, a tuple only a tuple, an enum only an enum. A filter
+    metadata could not hold is refused, naming its value, on every store."""
+    import pytest
+
+    from threadkeep import CheckpointSerializationError
+
     checkpoint = _checkpoint({})
-    metadata = {"source": "input", "step": -1, "a": {"b": 1, "c": 2}, "n": 1, "l": [1, 2], "f": 1.5}
+    metadata = {
+        "source": "input",
+        "step": -1,
+        "a": {"b": 1, "c": 2},
+        "n": 1,
+        "l": [1, 2],
+        "t": (1, 2),
+        "f": 1.5,
+        "m": Mode.FAST,
+    }
     saver.put(cfg("filters"), checkpoint, metadata, {})
 
     def found(**wanted: Any) -> bool:
         listed = [item.checkpoint["id"] for item in saver.list(cfg("filters"), filter=wanted)]
         return listed == [checkpoint["id"]]
 
-    assert found(a={"b": 1, "c": 2}, n=1, l=[1, 2], f=1.5)
+    assert found(a={"b": 1, "c": 2}, n=1, l=[1, 2], t=(1, 2), f=1.5, m=Mode.FAST)
     assert found(a={"c": 2.0, "b": 1}, n=1.0)
     assert not found(a={"b": 1})  # a part of a nested value
     assert not found(l=[1])
     assert not found(l=[2, 1])
+    assert not found(l=(1, 2))  # a tuple is not a list
+    assert not found(t=[1, 2])
     assert not found(n=True)  # equal to 1 in Python, not in JSON
     assert not found(n="1")
+    assert not found(m="fast")  # the enum's value is not the enum
     assert not found(missing=None)
+    with pytest.raises(CheckpointSerializationError, match=r"filter\.n: float nan"):
+        list(saver.list(cfg("filters"), filter={"n": float("nan")}))

@@ -55,6 +55,7 @@ __all__ = [
     "assemble",
     "decode_value",
     "decode_values",
+    "filter_as_stored",
     "matches_filter",
     "prepare_put",
     "prepare_writes",
@@ -623,24 +624,55 @@ class StoredCheckpoint:
         )
 
 
-def matches_filter(metadata: Mapping[str, Any], wanted: Mapping[str, Any] | None) -> bool:
-    """Whether ``metadata`` holds every key of ``wanted`` with an equal value, as JSON
-    values are equal (:func:`_same_json`): every store answers a filter alike, Postgres's
-    jsonb included."""
+def filter_as_stored(wanted: Mapping[str, Any] | None) -> Mapping[str, object] | None:
+    """A ``list`` filter's values as metadata stores them (the codec's JSON form), which
+    :func:`matches_filter` compares.
+
+    Raises:
+        CheckpointSerializationError: a value metadata could not hold (a NaN, an object the
+            codec refuses), named by its path under ``filter``.
+    """
+    if not wanted:
+        return None
+    stored: dict[str, object] = {}
+    for key, value in wanted.items():
+        try:
+            stored[key] = STRUCTURE.to_json(value)
+        except CheckpointSerializationError as error:
+            raise error.under(f"filter.{key}") from None
+    return stored
+
+
+def matches_filter(metadata: Mapping[str, Any], wanted: Mapping[str, object] | None) -> bool:
+    """Whether ``metadata`` holds every key of ``wanted`` (:func:`filter_as_stored`) with the
+    same value, compared as stored: the codec's JSON forms of the two, equal as JSON values
+    (:func:`_same_json`). So every store answers a filter alike: Postgres narrows a page by
+    jsonb containment first, which lets through every checkpoint this then keeps."""
     if not wanted:
         return True
-    return all(key in metadata and _same_json(metadata[key], value) for key, value in wanted.items())
+    for key, value in wanted.items():
+        if key not in metadata:
+            return False
+        try:
+            stored = STRUCTURE.to_json(metadata[key])
+        except CheckpointSerializationError:  # what no filter can name
+            return False
+        if not _same_json(stored, value):
+            return False
+    return True
 
 
-def _same_json(stored: Any, wanted: Any) -> bool:
-    """Equality as between JSON values: Python's, but for a boolean, which equals only a
-    boolean (``True == 1`` in Python; ``true`` is not ``1`` in JSON); nested values whole."""
+def _same_json(stored: object, wanted: object) -> bool:
+    """Equality of JSON values: objects by their members, arrays in order, numbers by value
+    (``1`` is ``1.0``), a boolean only a boolean (``True == 1`` in Python)."""
     if isinstance(stored, bool) or isinstance(wanted, bool):
         return type(stored) is type(wanted) and stored == wanted
-    if isinstance(stored, Mapping) and isinstance(wanted, Mapping):
+    if isinstance(stored, dict) and isinstance(wanted, dict):
         return stored.keys() == wanted.keys() and all(_same_json(stored[key], wanted[key]) for key in wanted)
-    if isinstance(stored, (list, tuple)) and isinstance(wanted, (list, tuple)):
+    if isinstance(stored, list) and isinstance(wanted, list):
         return len(stored) == len(wanted) and all(map(_same_json, stored, wanted))
+    if isinstance(stored, (dict, list)) or isinstance(wanted, (dict, list)):
+        return False
     return bool(stored == wanted)
 
 
@@ -652,7 +684,7 @@ class ListQuery:
     checkpoint_ns: str | None
     checkpoint_id: str | None
     before: str | None
-    filter: Mapping[str, Any] | None
+    filter: Mapping[str, object] | None  # as stored (filter_as_stored)
     remaining: int | None
     owner: str | None
     page_size: int
@@ -678,7 +710,7 @@ class ListQuery:
             checkpoint_ns=configurable.get("checkpoint_ns"),
             checkpoint_id=configurable.get("checkpoint_id"),
             before=before_id,
-            filter=filter or None,
+            filter=filter_as_stored(filter),
             remaining=limit,
             owner=actor.owner_filter,
             page_size=page_size if limit is None or filter else max(1, min(page_size, limit)),

@@ -14,7 +14,6 @@ import orjson
 from threadkeep.backends.postgres.arrays import typed_arrays
 from threadkeep.core.messages import LINK_PAGE
 from threadkeep.core.program import Sql
-from threadkeep.core.records import STRUCTURE
 
 NAME = "postgres"
 PROBE_WIDTH = 32
@@ -645,8 +644,9 @@ def text_list(items: list[str]) -> object:
 
 
 def metadata_filter(wanted: object) -> object:
-    """The ``%(filter)s`` parameter: the wanted metadata, encoded as stored, for ``@>``."""
-    return orjson.dumps(STRUCTURE.to_json(wanted)).decode()
+    """The ``%(filter)s`` parameter, for ``@>``: the wanted metadata, already in the form
+    it is stored in (``records.filter_as_stored``)."""
+    return orjson.dumps(wanted).decode()
 
 
 # --- retention (SPEC RT1-RT5, SW1-SW8) ---------------------------------------------------------
