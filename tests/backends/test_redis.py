@@ -198,18 +198,13 @@ def test_key_prefixes_keep_stores_apart(open_saver: Opener) -> None:
 async def test_more_concurrent_calls_than_the_client_has_connections_wait_for_one(
     open_saver: Opener, provider: Any
 ) -> None:
-    """An event loop's client opens at most 100 connections; calls past them wait for one
-    instead of failing with "Too many connections" (redis-py's own pool refuses them)."""
+    """An event loop's client opens at most 100 connections (on a cluster, to each node);
+    calls past them wait for one instead of failing with "Too many connections" (redis-py's
+    own pool, and its cluster client, refuse them)."""
     import asyncio
 
     from threadkeep.backends.redis import engine
 
-    if provider.name == "redis-cluster":
-        pytest.xfail(
-            "redis-py's async cluster client refuses calls past each node's connections "
-            "(MaxConnectionsError) and has no waiting pool; calls are retried as after a "
-            "dropped connection"
-        )
     saver = open_saver(settings=Settings(retry_attempts=1))  # a refused call would fail
     config = {"configurable": {"thread_id": "busy"}}
     await build_agent(saver).ainvoke(turn_input(0), config)

@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import threading
 import time
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache, partial
@@ -136,6 +137,10 @@ def is_connection_error(error: BaseException) -> bool:
     )
 
 
+# What a call on a client with no gate (see RedisEngine._async) waits in: nothing.
+_UNGATED: Final = contextlib.nullcontext()
+
+
 def _read_layout(client: Any, failed: BaseException) -> None:
     """Read a cluster's layout again before a sync retry, asking the node the last try
     failed on (``failed``'s) last. redis-py's sync client read it when that try failed,
@@ -202,6 +207,8 @@ class RedisEngine:
         self._client: Any = None
         # One client per event loop, closed at the loop's end if not before.
         self._async_clients: PerLoop[Any] = PerLoop(self._close_async, "threadkeep-redis-client-closer")
+        # Waits for a connection of a loop's cluster client (see _async).
+        self._gates: weakref.WeakKeyDictionary[Any, asyncio.Semaphore] = weakref.WeakKeyDictionary()
         # The cluster nodes the clients this engine opened have found, kept past their close.
         self._nodes: set[tuple[str, int]] = set()
         self._nodes_lock = threading.Lock()
@@ -285,10 +292,15 @@ class RedisEngine:
                 client = redis.asyncio.cluster.RedisCluster.from_url(
                     self.url,
                     startup_nodes=self._seeds(redis.asyncio.cluster.ClusterNode),
+                    max_connections=_ASYNC_CONNECTIONS,
                     socket_connect_timeout=self._timeout,
                     socket_timeout=self._socket_timeout,
                     retry=redis.asyncio.retry.Retry(NoBackoff(), 0),
                 )
+                # It refuses a call past a node's connections (MaxConnectionsError) and has
+                # no pool to wait in: calls wait here instead, as many at once as one node
+                # may serve (a call uses one connection at a time).
+                self._gates[client] = asyncio.Semaphore(_ASYNC_CONNECTIONS)
             else:
                 # redis-py's own pool refuses a call past its 100 connections ("Too many
                 # connections"); this one makes it wait for a connection, as long as a
@@ -363,7 +375,9 @@ class RedisEngine:
         tries = Tries(self.retry, write, _may_have_run)
         while True:
             try:
-                return await drive_async(make(), partial(self._execute_async, self._async()))
+                client = self._async()
+                async with self._gates.get(client, _UNGATED):
+                    return await drive_async(make(), partial(self._execute_async, client))
             except Exception as error:
                 self._refuse_if_closed()
                 await asyncio.sleep(tries.failed(error))
