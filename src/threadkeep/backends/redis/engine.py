@@ -149,8 +149,9 @@ def _read_layout(client: Any, failed: BaseException) -> None:
     one did."""
     if not isinstance(client, redis.cluster.RedisCluster):
         return
-    where = getattr(failed, "connection", None)  # redis-py's: the node's connection, or the node
-    last = None if where is None else f"{where.host}:{where.port}"
+    where: Any = getattr(failed, "connection", None)  # redis-py's: the node's connection, or the node
+    host, port = getattr(where, "host", None), getattr(where, "port", None)
+    last = None if host is None or port is None else f"{host}:{port}"
     with contextlib.suppress(RedisError, RedisClusterException):
         client.nodes_manager.initialize(last_failed_node_name=last)
 
