@@ -152,3 +152,11 @@ def test_a_metadata_filter_finds_the_same_checkpoints_on_every_store(saver: Any)
     assert not found(missing=None)
     with pytest.raises(CheckpointSerializationError, match=r"filter\.n: float nan"):
         list(saver.list(cfg("filters"), filter={"n": float("nan")}))
+
+    # Metadata whose one key starts with "~" is stored in the codec's escaped form of such a
+    # dict; a filter finds it on every store all the same.
+    escaped = _checkpoint({})
+    saver.put(cfg("escaped"), escaped, {"~run": "r1"}, {})
+    listed = [item.checkpoint["id"] for item in saver.list(cfg("escaped"), filter={"~run": "r1"})]
+    assert listed == [escaped["id"]]
+    assert not list(saver.list(cfg("escaped"), filter={"~run": "r2"}))

@@ -6,6 +6,8 @@ constant, :data:`PROBE_LINKS`, only repeats placeholders.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import orjson
 
 from threadkeep.core.program import SqlMany
@@ -399,7 +401,7 @@ def text_list(items: list[str]) -> object:
     return orjson.dumps(items).decode()
 
 
-def metadata_filter(wanted: object) -> object:
+def metadata_filter(wanted: Mapping[str, object]) -> object:
     """SQLite lists filter metadata in the program only; no parameter is needed."""
     return None
 
