@@ -798,6 +798,62 @@ async def test_w4_a_connection_dropped_under_coalesced_calls_retries_each(provid
         assert [k for (k,) in conn.execute("SELECT k FROM coalesced ORDER BY k")] == list(range(20))
 
 
+async def test_w1_a_shared_pipeline_of_writes_is_answered_only_once_its_wal_is_flushed(provider: Any) -> None:
+    """The writes of a shared pipeline commit without waiting for their WAL to reach disk,
+    and the pipeline ends with one round trip that waits for it (an update of ``tk_flush``,
+    committed as the session's ``synchronous_commit`` says: its commit waits for every WAL
+    record before its own). Their calls are answered only after it. While that update waits
+    for a lock another transaction holds, every write is committed and visible to others,
+    and not one of their calls is answered; once it goes through, all are."""
+    async with _coalescing("CREATE TABLE coalesced (k INTEGER PRIMARY KEY)") as store:
+        engine, dsn = store.engine, store.dsn
+        holder = connect(dsn)
+        holder.autocommit = False
+        holder.execute("LOCK TABLE tk_flush IN EXCLUSIVE MODE")
+        try:
+            insert = "INSERT INTO coalesced VALUES (%(k)s) RETURNING k"
+            calls = [
+                asyncio.ensure_future(engine.arun(_statement(insert, k=k), write=True, atomic=False))
+                for k in range(10)
+            ]
+            committed = 0
+            with connect(dsn) as reader:
+                for _ in range(500):
+                    await asyncio.sleep(0.01)
+                    committed = reader.execute("SELECT count(*) FROM coalesced").fetchone()[0]
+                    if committed == 10:
+                        break
+            assert committed == 10
+            await asyncio.sleep(0.2)
+            assert not any(call.done() for call in calls)
+        finally:
+            holder.rollback()
+            holder.close()
+        assert await asyncio.wait_for(asyncio.gather(*calls), 5) == [[(k,)] for k in range(10)]
+    with connect(dsn) as conn:
+        assert conn.execute("SELECT sum(flushes) FROM tk_flush").fetchone()[0] >= 1
+
+
+async def test_w4_a_shared_pipeline_whose_flush_fails_has_its_calls_tried_again(
+    provider: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """When the closing flush fails, nothing says the pipeline's writes reached disk: their
+    calls are not answered as stored, but tried again, each on a connection of its own, as
+    after a dropped connection; every write is stored once."""
+    table = "CREATE TABLE coalesced (k INTEGER PRIMARY KEY)"
+    async with _coalescing(table, retry_attempts=3, retry_backoff_seconds=0.01) as store:
+        engine, dsn = store.engine, store.dsn
+        with connect(dsn) as conn:
+            conn.execute("ALTER TABLE tk_flush RENAME TO tk_flush_gone")
+        insert = "INSERT INTO coalesced VALUES (%(k)s) ON CONFLICT DO NOTHING"
+        calls = [engine.arun(_statement(insert, k=k), write=True, atomic=False) for k in range(10)]
+        results = await asyncio.gather(*calls, return_exceptions=True)
+    assert not [result for result in results if isinstance(result, BaseException)]
+    assert "closing flush of a shared pipeline" in caplog.text
+    with connect(dsn) as conn:
+        assert [k for (k,) in conn.execute("SELECT k FROM coalesced ORDER BY k")] == list(range(10))
+
+
 async def test_a_coalesced_pipeline_leaves_no_setting_on_its_connection(provider: Any) -> None:
     """The lock wait bound of a shared pipeline ends with it: the next call on the same
     connection waits for locks as the server's settings say."""

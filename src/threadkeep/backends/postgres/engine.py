@@ -43,6 +43,7 @@ from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
 from threadkeep.backends.closing import PerLoop, close_elsewhere
 from threadkeep.backends.postgres import wire
 from threadkeep.backends.postgres.deadline import checks_bounded, timed_classes
+from threadkeep.backends.postgres.queries import FLUSH_WAL
 from threadkeep.core.program import Batch, Program, ProgramFactory, Sql, SqlMany, drive, drive_async
 from threadkeep.core.retry import RetryPolicy, Tries
 from threadkeep.errors import StorageError
@@ -768,6 +769,18 @@ _ALONE: Final = object()
 # then sent again alone (_ALONE), to wait as long as it must.
 _BOUND_LOCK_WAITS: Final = "SELECT set_config('lock_timeout', '20ms', true)"
 _BOUND: Final = Sql(_BOUND_LOCK_WAITS, {})  # never changed: one for every write
+# The same for a write of a pipeline that holds several: it also commits without waiting for
+# its WAL to reach disk (for its own implicit transaction), and the pipeline ends with
+# _FLUSH, whose commit waits for the WAL of every write before it. Its calls are answered
+# only once that is answered: a write answered is on disk, as on a connection of its own,
+# and the pipeline's writes wait for one flush, not each for its own, one after another.
+_BOUND_UNFLUSHED: Final = Sql(_BOUND_LOCK_WAITS + ", set_config('synchronous_commit', 'off', true)", {})
+_FLUSH: Final = Sql(FLUSH_WAL, {})
+# Why the calls of a shared pipeline whose closing flush failed are retried.
+_UNFLUSHED: Final = (
+    "the closing flush of a shared pipeline (UPDATE tk_flush) failed, so its writes may not be on"
+    " disk; they are tried again (the role threadkeep connects as needs UPDATE on tk_flush)"
+)
 # The name of the tasks that send coalesced round trips.
 _FLUSH_TASK: Final = "threadkeep-coalescer"
 
@@ -808,9 +821,12 @@ def _in_transaction(results: _Shape, rows: list[Any]) -> list[Any]:
     return ["BEGIN", *results(rows), _COMMIT]
 
 
-def _bounded(statements: list[_Statement], results: _Shape) -> tuple[list[_Statement], _Shape]:
-    """A coalesced write's statements, behind :data:`_BOUND_LOCK_WAITS`."""
-    return [_BOUND, *statements], partial(_after_bound, results)
+def _bounded(
+    statements: list[_Statement], results: _Shape, flushed_later: bool
+) -> tuple[list[_Statement], _Shape]:
+    """A coalesced write's statements, behind :data:`_BOUND_LOCK_WAITS` (and, if its
+    pipeline ends with :data:`_FLUSH`, committing without waiting for its WAL)."""
+    return [_BOUND_UNFLUSHED if flushed_later else _BOUND, *statements], partial(_after_bound, results)
 
 
 def _after_bound(results: _Shape, rows: list[Any]) -> list[Any]:
@@ -837,7 +853,9 @@ class _Coalescer:
     A lone call goes at once; calls that come while ``IN_FLIGHT`` pipelines are out wait for
     the next, at most ``MOST`` round trips each. In the benchmark's 32 conversations this cut
     the client's CPU per turn by about a fifth (``docs/benchmarks.md``). A write waits for a
-    lock no longer than :data:`_BOUND_LOCK_WAITS` says, then goes alone.
+    lock no longer than :data:`_BOUND_LOCK_WAITS` says, then goes alone. The writes of a
+    pipeline that holds several share one WAL flush (:data:`_BOUND_UNFLUSHED`,
+    :data:`_FLUSH`); their calls are answered after it.
 
     The round trips go out on the connection's libpq handle (:mod:`.wire`), not through
     psycopg's cursors, and their results are read back by position, a Sync closing each
@@ -905,17 +923,23 @@ class _Coalescer:
             async with pool.connection() as conn:
                 try:
                     pipeline = wire.WirePipeline(conn)
+                    writes = [waiting.prepare for waiting in batch if waiting.prepare.write]
+                    flushed_later = len(writes) > 1
                     for waiting in batch:
                         inside = _inside(waiting.statements)
                         statements, results = _planned(conn, inside, waiting.prepare)
                         results = _answered(waiting.statements, inside, results)
                         if waiting.prepare.write:
-                            statements, results = _bounded(statements, results)
+                            statements, results = _bounded(statements, results, flushed_later)
                         if pipeline.queue(statements, waiting.prepare):
                             waiting.in_flight.sending()
                             sent.append((waiting, results))
+                    if flushed_later and not pipeline.queue([_FLUSH], writes[0]):
+                        raise psycopg.OperationalError(_UNFLUSHED)  # never: it has no parameters
                     trips = pipeline.judge(await wire.wait(conn, pipeline.exchange(), self.deadline))
                     pipeline.end()
+                    if flushed_later and trips.pop() is None:
+                        raise psycopg.OperationalError(_UNFLUSHED)
                 except BaseException:
                     # what reached the server, and what is left to read, is not known
                     await conn.close()

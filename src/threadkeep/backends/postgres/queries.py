@@ -588,6 +588,11 @@ CHECKPOINT_TABLES: dict[str, str] = {
     "tk_checkpoints": "SELECT EXISTS (SELECT 1 FROM tk_checkpoints)",
 }
 
+# The closing round trip of a shared pipeline of writes (migration 0009): a WAL-logged
+# update committed as the session's synchronous_commit says, so its commit waits for the WAL
+# of every write before it in the pipeline, which committed without waiting.
+FLUSH_WAL = "UPDATE tk_flush SET flushes = flushes + 1 WHERE slot = mod(pg_backend_pid(), 16)"
+
 CREATE_MIGRATIONS = """
 CREATE TABLE IF NOT EXISTS tk_migrations (version INTEGER PRIMARY KEY, applied_at DOUBLE PRECISION NOT NULL)
 """
@@ -596,6 +601,7 @@ RECORD_MIGRATION = "INSERT INTO tk_migrations (version, applied_at) VALUES (%(ve
 
 RESET: tuple[str, ...] = (
     "DROP FUNCTION IF EXISTS tk_state",
+    "DROP TABLE IF EXISTS tk_flush",
     "DROP TABLE IF EXISTS tk_parks",
     "DROP TABLE IF EXISTS tk_message_links",
     "DROP TABLE IF EXISTS tk_messages",
