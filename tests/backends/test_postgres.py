@@ -799,19 +799,24 @@ async def test_w4_a_connection_dropped_under_coalesced_calls_retries_each(provid
 
 
 async def test_w1_a_shared_pipeline_of_writes_is_answered_only_once_its_wal_is_flushed(provider: Any) -> None:
-    """The writes of a shared pipeline commit without waiting for their WAL to reach disk,
-    and the pipeline ends with one round trip that waits for it (an update of ``tk_flush``,
-    committed as the session's ``synchronous_commit`` says: its commit waits for every WAL
-    record before its own). Their calls are answered only after it. While that update waits
-    for a lock another transaction holds, every write is committed and visible to others,
-    and not one of their calls is answered; once it goes through, all are."""
+    """The writes of a shared pipeline that holds several commit without waiting for their
+    WAL to reach disk, and the pipeline ends with one round trip that waits for it (an
+    upsert of ``tk_flush``, committed as the session's ``synchronous_commit`` says: its
+    commit waits for every WAL record before its own). Their calls are answered only after
+    it. While that upsert waits for a lock another transaction holds, every write is
+    committed and visible to others, and not one of their calls is answered; once it goes
+    through, all are. A lone write commits as the session says, with no flush after it."""
     async with _coalescing("CREATE TABLE coalesced (k INTEGER PRIMARY KEY)") as store:
         engine, dsn = store.engine, store.dsn
+        insert = "INSERT INTO coalesced VALUES (%(k)s) RETURNING k, current_setting('synchronous_commit')"
+        lone = await engine.arun(_statement(insert, k=100), write=True, atomic=False)
+        assert lone == [(100, "on")]
+        with connect(dsn) as conn:
+            assert conn.execute("SELECT count(*) FROM tk_flush").fetchone()[0] == 0
         holder = connect(dsn)
         holder.autocommit = False
         holder.execute("LOCK TABLE tk_flush IN EXCLUSIVE MODE")
         try:
-            insert = "INSERT INTO coalesced VALUES (%(k)s) RETURNING k"
             calls = [
                 asyncio.ensure_future(engine.arun(_statement(insert, k=k), write=True, atomic=False))
                 for k in range(10)
@@ -820,7 +825,7 @@ async def test_w1_a_shared_pipeline_of_writes_is_answered_only_once_its_wal_is_f
             with connect(dsn) as reader:
                 for _ in range(500):
                     await asyncio.sleep(0.01)
-                    committed = reader.execute("SELECT count(*) FROM coalesced").fetchone()[0]
+                    committed = reader.execute("SELECT count(*) FROM coalesced WHERE k < 100").fetchone()[0]
                     if committed == 10:
                         break
             assert committed == 10
@@ -829,7 +834,7 @@ async def test_w1_a_shared_pipeline_of_writes_is_answered_only_once_its_wal_is_f
         finally:
             holder.rollback()
             holder.close()
-        assert await asyncio.wait_for(asyncio.gather(*calls), 5) == [[(k,)] for k in range(10)]
+        assert await asyncio.wait_for(asyncio.gather(*calls), 5) == [[(k, "off")] for k in range(10)]
     with connect(dsn) as conn:
         assert conn.execute("SELECT sum(flushes) FROM tk_flush").fetchone()[0] >= 1
 
@@ -839,19 +844,26 @@ async def test_w4_a_shared_pipeline_whose_flush_fails_has_its_calls_tried_again(
 ) -> None:
     """When the closing flush fails, nothing says the pipeline's writes reached disk: their
     calls are not answered as stored, but tried again, each on a connection of its own, as
-    after a dropped connection; every write is stored once."""
+    after a dropped connection. The engine then stops sharing flushes (the causes last: a
+    privilege, a table gone), and says so once: the next pipeline's writes each commit as
+    the session says, with no flush after them."""
     table = "CREATE TABLE coalesced (k INTEGER PRIMARY KEY)"
     async with _coalescing(table, retry_attempts=3, retry_backoff_seconds=0.01) as store:
         engine, dsn = store.engine, store.dsn
         with connect(dsn) as conn:
             conn.execute("ALTER TABLE tk_flush RENAME TO tk_flush_gone")
-        insert = "INSERT INTO coalesced VALUES (%(k)s) ON CONFLICT DO NOTHING"
-        calls = [engine.arun(_statement(insert, k=k), write=True, atomic=False) for k in range(10)]
+        again = "INSERT INTO coalesced VALUES (%(k)s) ON CONFLICT DO NOTHING"  # as a put's retry passes
+        calls = [engine.arun(_statement(again, k=k), write=True, atomic=False) for k in range(10)]
         results = await asyncio.gather(*calls, return_exceptions=True)
-    assert not [result for result in results if isinstance(result, BaseException)]
-    assert "closing flush of a shared pipeline" in caplog.text
+        assert not [result for result in results if isinstance(result, BaseException)]
+        assert "closing WAL flush of a shared pipeline" in caplog.text
+        assert caplog.text.count("from now on each write") == 1
+        insert = "INSERT INTO coalesced VALUES (%(k)s) RETURNING k, current_setting('synchronous_commit')"
+        after = [engine.arun(_statement(insert, k=k), write=True, atomic=False) for k in range(10, 20)]
+        assert await asyncio.gather(*after) == [[(k, "on")] for k in range(10, 20)]
+        assert caplog.text.count("from now on each write") == 1
     with connect(dsn) as conn:
-        assert [k for (k,) in conn.execute("SELECT k FROM coalesced ORDER BY k")] == list(range(10))
+        assert [k for (k,) in conn.execute("SELECT k FROM coalesced ORDER BY k")] == list(range(20))
 
 
 async def test_a_coalesced_pipeline_leaves_no_setting_on_its_connection(provider: Any) -> None:

@@ -178,6 +178,13 @@ def test_t3_a_miss_reads_postgres_and_seeds_the_cache(tiered: Tiered) -> None:
     assert again.pending_writes == expected.pending_writes
 
 
+def test_t2_the_tiered_store_never_shares_a_wal_flush(tiered: Tiered) -> None:
+    """The Postgres provider's shared pipelines let their writes commit before their WAL is
+    on disk and answer them after one flush; the tiered store's do not, so a read that
+    seeds the cache never sees a write Postgres could still lose."""
+    assert tiered.saver.backend.durable.engine._shared_flush.on is False
+
+
 def test_t3_history_reads_go_to_postgres(tiered: Tiered) -> None:
     build_agent(tiered.saver).invoke(turn_input(0), cfg("t3-history"))
     ids = tiered.durable_ids("t3-history")

@@ -62,6 +62,7 @@ def _engine(settings: Settings, **options: Any) -> PostgresEngine:
         pool=pool,
         async_pool=async_pool,
         planned_once=PlannedOnce(PLANNED_ONCE, PLANNED_ONCE_SETTINGS),
+        shared_flush=options.get("shared_flush", True),
     )
 
 

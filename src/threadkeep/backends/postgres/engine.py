@@ -152,8 +152,10 @@ class PostgresEngine:
         pool: ConnectionPool | None = None,
         async_pool: AsyncConnectionPool | None = None,
         planned_once: PlannedOnce | None = None,
+        shared_flush: bool = True,
     ) -> None:
         self.conninfo = conninfo
+        self._shared_flush = _SharedFlush(shared_flush)
         self.planned_once = planned_once or _NONE_PLANNED
         # what a read's and a write's statements are prepared as (one of each, for every call)
         self._preparing = (_Preparing(False, self.planned_once), _Preparing(True, self.planned_once))
@@ -379,7 +381,9 @@ class PostgresEngine:
         loop = asyncio.get_running_loop()
         coalescer = self._coalescers.get(loop)
         if coalescer is None:
-            coalescer = self._coalescers[loop] = _Coalescer(self._async_pool, self.options.command_timeout)
+            coalescer = self._coalescers[loop] = _Coalescer(
+                self._async_pool, self.options.command_timeout, self._shared_flush
+            )
         return coalescer
 
     def connect(self) -> psycopg.Connection[Any]:
@@ -771,15 +775,43 @@ _BOUND_LOCK_WAITS: Final = "SELECT set_config('lock_timeout', '20ms', true)"
 _BOUND: Final = Sql(_BOUND_LOCK_WAITS, {})  # never changed: one for every write
 # The same for a write of a pipeline that holds several: it also commits without waiting for
 # its WAL to reach disk (for its own implicit transaction), and the pipeline ends with
-# _FLUSH, whose commit waits for the WAL of every write before it. Its calls are answered
+# _WAL_FLUSH, whose commit waits for the WAL of every write before it. Its calls are answered
 # only once that is answered: a write answered is on disk, as on a connection of its own,
 # and the pipeline's writes wait for one flush, not each for its own, one after another.
 _BOUND_UNFLUSHED: Final = Sql(_BOUND_LOCK_WAITS + ", set_config('synchronous_commit', 'off', true)", {})
-_FLUSH: Final = Sql(FLUSH_WAL, {})
+_WAL_FLUSH: Final = Sql(FLUSH_WAL, {})
+
+
+@dataclass(slots=True)
+class _SharedFlush:
+    """Whether an engine's shared pipelines of several writes share one WAL flush
+    (:data:`_WAL_FLUSH`). Off where the engine was told so (the tiered store: its cache must
+    never hold what Postgres could still lose), and from the first flush that failed: the
+    causes (no privilege on ``tk_flush``, a table or replica identity gone) last, and each
+    failure costs every call of its pipeline a try."""
+
+    on: bool
+
+    def failed(self) -> None:
+        if self.on:
+            self.on = False
+            logger.warning(
+                "the closing WAL flush of a shared pipeline (an upsert of tk_flush) failed; from now on "
+                "each write of a shared pipeline waits for its own flush, as before migration 0009 "
+                "(grant INSERT, SELECT and UPDATE on tk_flush to the role threadkeep connects as)"
+            )
+
+
+def _flushed(rows: list[list[Any]] | None) -> bool:
+    """Whether the closing flush wrote its row (an upsert that wrote nothing would commit
+    without waiting for the WAL)."""
+    return rows is not None and len(rows) == 1 and len(rows[0]) == 1
+
+
 # Why the calls of a shared pipeline whose closing flush failed are retried.
 _UNFLUSHED: Final = (
-    "the closing flush of a shared pipeline (UPDATE tk_flush) failed, so its writes may not be on"
-    " disk; they are tried again (the role threadkeep connects as needs UPDATE on tk_flush)"
+    "the closing WAL flush of a shared pipeline (an upsert of tk_flush) failed, so its writes may not"
+    " be on disk: its calls are tried again"
 )
 # The name of the tasks that send coalesced round trips.
 _FLUSH_TASK: Final = "threadkeep-coalescer"
@@ -825,7 +857,7 @@ def _bounded(
     statements: list[_Statement], results: _Shape, flushed_later: bool
 ) -> tuple[list[_Statement], _Shape]:
     """A coalesced write's statements, behind :data:`_BOUND_LOCK_WAITS` (and, if its
-    pipeline ends with :data:`_FLUSH`, committing without waiting for its WAL)."""
+    pipeline ends with :data:`_WAL_FLUSH`, committing without waiting for its WAL)."""
     return [_BOUND_UNFLUSHED if flushed_later else _BOUND, *statements], partial(_after_bound, results)
 
 
@@ -855,7 +887,7 @@ class _Coalescer:
     the client's CPU per turn by about a fifth (``docs/benchmarks.md``). A write waits for a
     lock no longer than :data:`_BOUND_LOCK_WAITS` says, then goes alone. The writes of a
     pipeline that holds several share one WAL flush (:data:`_BOUND_UNFLUSHED`,
-    :data:`_FLUSH`); their calls are answered after it.
+    :data:`_WAL_FLUSH`); their calls are answered after it.
 
     The round trips go out on the connection's libpq handle (:mod:`.wire`), not through
     psycopg's cursors, and their results are read back by position, a Sync closing each
@@ -872,9 +904,15 @@ class _Coalescer:
     IN_FLIGHT: Final = 2
     MOST: Final = 64
 
-    def __init__(self, pool: Callable[[], Awaitable[AsyncConnectionPool]], deadline: float | None) -> None:
+    def __init__(
+        self,
+        pool: Callable[[], Awaitable[AsyncConnectionPool]],
+        deadline: float | None,
+        shared_flush: _SharedFlush,
+    ) -> None:
         self.pool = pool  # the loop's pool at each pipeline (a closed one is replaced)
         self.deadline = deadline  # the owned pool's command timeout (deadline.py)
+        self.shared_flush = shared_flush
         self.waiting: list[_Waiting] = []
         self.running = 0
         self.tasks: set[asyncio.Task[None]] = set()  # the running ones, kept from the collector
@@ -924,7 +962,7 @@ class _Coalescer:
                 try:
                     pipeline = wire.WirePipeline(conn)
                     writes = [waiting.prepare for waiting in batch if waiting.prepare.write]
-                    flushed_later = len(writes) > 1
+                    flushed_later = self.shared_flush.on and len(writes) > 1
                     for waiting in batch:
                         inside = _inside(waiting.statements)
                         statements, results = _planned(conn, inside, waiting.prepare)
@@ -934,11 +972,13 @@ class _Coalescer:
                         if pipeline.queue(statements, waiting.prepare):
                             waiting.in_flight.sending()
                             sent.append((waiting, results))
-                    if flushed_later and not pipeline.queue([_FLUSH], writes[0]):
-                        raise psycopg.OperationalError(_UNFLUSHED)  # never: it has no parameters
+                    if flushed_later:
+                        queued = pipeline.queue([_WAL_FLUSH], writes[0])
+                        assert queued, "a statement without parameters is always queued"
                     trips = pipeline.judge(await wire.wait(conn, pipeline.exchange(), self.deadline))
                     pipeline.end()
-                    if flushed_later and trips.pop() is None:
+                    if flushed_later and not _flushed(trips.pop()):
+                        self.shared_flush.failed()
                         raise psycopg.OperationalError(_UNFLUSHED)
                 except BaseException:
                     # what reached the server, and what is left to read, is not known

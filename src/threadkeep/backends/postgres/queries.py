@@ -588,10 +588,16 @@ CHECKPOINT_TABLES: dict[str, str] = {
     "tk_checkpoints": "SELECT EXISTS (SELECT 1 FROM tk_checkpoints)",
 }
 
-# The closing round trip of a shared pipeline of writes (migration 0009): a WAL-logged
-# update committed as the session's synchronous_commit says, so its commit waits for the WAL
-# of every write before it in the pipeline, which committed without waiting.
-FLUSH_WAL = "UPDATE tk_flush SET flushes = flushes + 1 WHERE slot = mod(pg_backend_pid(), 16)"
+# The closing round trip of a shared pipeline of writes (migration 0009): an upsert, which
+# always writes (a transaction id, a WAL record), committed as the session's
+# synchronous_commit says, so its commit waits for the WAL of every write before it in the
+# pipeline, which committed without waiting. It returns the row, so that the engine can
+# tell it wrote one.
+FLUSH_WAL = """
+INSERT INTO tk_flush (slot, flushes) VALUES (mod(pg_backend_pid(), 1024), 1)
+ON CONFLICT (slot) DO UPDATE SET flushes = tk_flush.flushes + 1
+RETURNING flushes
+"""
 
 CREATE_MIGRATIONS = """
 CREATE TABLE IF NOT EXISTS tk_migrations (version INTEGER PRIMARY KEY, applied_at DOUBLE PRECISION NOT NULL)
