@@ -181,8 +181,24 @@ def test_t3_a_miss_reads_postgres_and_seeds_the_cache(tiered: Tiered) -> None:
 def test_t2_the_tiered_store_never_shares_a_wal_flush(tiered: Tiered) -> None:
     """The Postgres provider's shared pipelines let their writes commit before their WAL is
     on disk and answer them after one flush; the tiered store's do not, so a read that
-    seeds the cache never sees a write Postgres could still lose."""
-    assert tiered.saver.backend.durable.engine._shared_flush.on is False
+    seeds the cache never sees a write Postgres could still lose: concurrent writes on its
+    Postgres engine each commit as the session says, and no flush follows them."""
+    import asyncio
+
+    from threadkeep.core.program import Sql
+
+    engine = tiered.saver.backend.durable.engine
+
+    def setting() -> Any:
+        return (yield Sql("SELECT current_setting('synchronous_commit')", {}))
+
+    async def writes() -> list[Any]:
+        calls = [engine.arun(setting, write=True, atomic=False) for _ in range(10)]
+        return list(await asyncio.gather(*calls))
+
+    assert asyncio.run(writes()) == [[("on",)]] * 10
+    with psycopg.connect(tiered.dsn) as conn:
+        assert conn.execute("SELECT count(*) FROM tk_flush").fetchone()[0] == 0
 
 
 def test_t3_history_reads_go_to_postgres(tiered: Tiered) -> None:
