@@ -163,10 +163,9 @@ def conversations_delete_thread(thread_id: str, as_json: bool) -> None:
     """Delete THREAD_ID and everything it holds, whoever owns it (exit 4 if there is none)."""
     from threadkeep.core.identity import operator_scope
     from threadkeep.providers import open_checkpointer
-    from threadkeep.sweep import delete_with_rounds
 
     with open_checkpointer() as saver, operator_scope():
-        found = bool(delete_with_rounds(saver, saver.threads_named([thread_id])))
+        found = bool(saver.delete_threads(saver.threads_named([thread_id])))
     if as_json:
         click.echo(json.dumps({"thread_id": thread_id, "deleted": found}))
     else:

@@ -22,18 +22,16 @@ from typing import Any, Final
 from threadkeep.core.identity import operator_scope
 from threadkeep.core.retention import ExpiredThread, Horizon, SweepPage
 from threadkeep.core.retry import maintenance
-from threadkeep.errors import CheckpointDeleteError, ConfigurationError
+from threadkeep.errors import ConfigurationError
 from threadkeep.metrics import METRICS, SWEEP_DELETED, SWEEP_SPARED, Metrics
 from threadkeep.saver import ThreadkeepSaver
 
 __all__ = [
     "DOOMED_LISTED",
-    "MAX_DELETE_ROUNDS",
     "PAGE_SIZE",
     "LiveThreadFilter",
     "SparedThread",
     "SweepResult",
-    "delete_with_rounds",
     "live_thread_filters",
     "register_live_thread_filter",
     "sweep_checkpoints",
@@ -43,7 +41,6 @@ __all__ = [
 logger = logging.getLogger("threadkeep.sweep")
 
 PAGE_SIZE: Final = 1000
-MAX_DELETE_ROUNDS: Final = 100
 DOOMED_LISTED: Final = 1000  # a dry run lists at most this many of the threads it would delete
 
 LiveThreadFilter = Callable[[ThreadkeepSaver, Sequence[str], float], Collection[str]]
@@ -156,7 +153,6 @@ def sweep_checkpoints(
         metrics: Where spared and deleted threads are counted.
 
     Raises:
-        CheckpointDeleteError: a thread was written again after each of 100 delete rounds.
         Exception: whatever a live-thread filter raised (with a note naming the filter).
     """
     if saver is None:
@@ -241,7 +237,7 @@ class _Sweep:
                 deleted = len(doomed)
                 kept += len(page)
             else:
-                deleted = len(delete_with_rounds(self.saver, doomed, self._page(horizon)))
+                deleted = len(self._delete(doomed, horizon))
                 self.metrics.inc(SWEEP_DELETED, deleted, horizon=horizon)
                 kept += len(page) - deleted  # a store without keys skips what stayed behind
             self.result.swept_count += deleted
@@ -253,6 +249,18 @@ class _Sweep:
                 self.progress(self.result, self.total)
             if len(page) < PAGE_SIZE:
                 return
+
+    def _delete(self, doomed: Sequence[ExpiredThread], horizon: Horizon) -> list[str]:
+        """Delete ``doomed``, each only if it is still past ``horizon`` and not parked when
+        its delete runs (SPEC SW5).
+
+        One round: every store deletes a thread whole in one transaction (SQLite,
+        Postgres, the tiered store's Postgres) or one script (Redis), after checking it
+        again there. What a writer stores after that belongs to a run that started after
+        its delete: a live thread, which stays. (Deleting again whatever bears the thread's
+        name would delete puts that run saw acknowledged.)
+        """
+        return self.saver.delete_threads(doomed, self._page(horizon)) if doomed else []
 
     def _claimed(self, page: Sequence[ExpiredThread], horizon: Horizon) -> dict[str, str]:
         """Ask every filter about the page; ``{thread id: the first filter that claimed it}``."""
@@ -277,32 +285,3 @@ class _Sweep:
             self.metrics.inc(SWEEP_SPARED, horizon=horizon, owner=owner)
             self.result.spared.append(SparedThread(thread_id, horizon, owner))
         return claimed
-
-
-def delete_with_rounds(
-    saver: ThreadkeepSaver, threads: Sequence[ExpiredThread], page: SweepPage | None = None
-) -> list[str]:
-    """Delete ``threads`` (with a sweep's ``page``, only those still past its horizon and not
-    parked); any that a writer recreated meanwhile are deleted again, up to 100 rounds in
-    all (SPEC SW5). Returns the ids deleted.
-
-    Raises:
-        CheckpointDeleteError: threads still written to after the 100th round.
-    """
-    if not threads:
-        return []
-    deleted = saver.delete_threads(threads, page)
-    pending = saver.threads_named(deleted)
-    for _ in range(MAX_DELETE_ROUNDS - 1):
-        if not pending:
-            return deleted
-        saver.delete_threads(pending)
-        pending = saver.threads_named([thread.thread_id for thread in pending])
-    if not pending:
-        return deleted
-    names = ", ".join(repr(thread.thread_id) for thread in pending[:5])
-    raise CheckpointDeleteError(
-        f"thread(s) {names} were written again after each of {MAX_DELETE_ROUNDS} delete rounds: "
-        "something keeps writing to them; stop it and run the sweep again",
-        context={"thread_ids": [thread.thread_id for thread in pending], "rounds": MAX_DELETE_ROUNDS},
-    )

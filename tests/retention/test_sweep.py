@@ -25,7 +25,6 @@ from tests.retention.test_retention import (
     write,
 )
 from threadkeep import (
-    CheckpointDeleteError,
     Settings,
     declare_retention,
     register_live_thread_filter,
@@ -172,36 +171,6 @@ def test_sw4_filter_owners_are_checked() -> None:
         register_live_thread_filter("Bad Owner", lambda saver, ids, now: set())
     with pytest.raises(ConfigurationError, match="already registered"):
         register_live_thread_filter("parks", lambda saver, ids, now: set())
-
-
-@pytest.mark.providers(*SWEPT, "redis")
-def test_sw5_a_writer_that_keeps_writing_is_deleted_again_then_fails_loudly(
-    open_saver: Opener, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    clock = Clock()
-    saver = opened(open_saver, clock)
-    writer = opened(open_saver, clock)  # another worker on the same store
-    for thread in ("stubborn", "brief"):
-        write(saver, thread)
-    saver.mark_finished(["stubborn", "brief"])
-    clock.advance(61)
-    rounds = {"stubborn": 0, "brief": 0}
-    delete = saver.delete_threads
-
-    def delete_while_writing(threads: Any, page: Any = None) -> list[str]:
-        deleted = delete(threads, page)
-        for thread in threads:
-            rounds[thread.thread_id] += 1
-            if thread.thread_id == "stubborn" or rounds["brief"] <= 3:
-                write(writer, thread.thread_id)  # lands after the delete
-        return deleted
-
-    monkeypatch.setattr(saver, "delete_threads", delete_while_writing)
-    with pytest.raises(CheckpointDeleteError, match="after each of 100 delete rounds") as raised:
-        sweep_checkpoints(saver)
-    assert raised.value.context["thread_ids"] == ["stubborn"]
-    assert rounds == {"stubborn": 100, "brief": 4}
-    assert not exists(saver, "brief")
 
 
 @pytest.mark.providers(*ALL)
