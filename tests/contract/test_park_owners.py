@@ -16,7 +16,7 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.types import Command
 
 from tests.providers import Opener
-from threadkeep import StorageForbiddenError, ask, operator_scope, user_scope
+from threadkeep import StorageForbiddenError, ThreadRetention, ask, operator_scope, user_scope
 
 T0 = 1_800_000_000.0
 DEADLINE = T0 + 3600.0
@@ -120,6 +120,8 @@ def test_w3_rt2_another_user_cannot_mark_or_start_a_thread_alice_still_can(open_
     with pytest.raises(StorageForbiddenError):
         saver.mark_finished(["bobs-own", THREAD], config=as_user("bob"))
     assert due(saver) is None  # alice's thread is still waiting
+    if saver.facts.name != "redis":  # one transaction: the refusal marks nothing at all
+        assert saver.thread_retention("bobs-own", config=as_user("bob")) == (ThreadRetention(), None)
     assert saver.mark_finished([THREAD, "nobodys-thread"], config=as_user("alice")) == {
         THREAD: T0 + 1440 * 60
     }
