@@ -295,7 +295,7 @@ def ask(question: Any, *, deadline: dt.datetime | float | None) -> Any:
         )
     thread_id = str(configurable["thread_id"])
     due = _epoch(deadline)
-    found = saver.thread_retention(thread_id)
+    found = saver.thread_retention(thread_id, config=config)
     declared = found[0] if found and found[0].waiting_minutes else saver.declared or ThreadRetention()
     waiting = declared.waiting(saver.retention)
     horizon = saver.clock() + waiting * 60
@@ -309,7 +309,7 @@ def ask(question: Any, *, deadline: dt.datetime | float | None) -> Any:
     park_id = f"{configurable.get('checkpoint_ns', '')}|{configurable.get('__pregel_task_id', '')}"
     saver.record_park(thread_id, park_id, due, config=config)
     answer = interrupt(question)
-    saver.clear_park(thread_id, park_id)
+    saver.clear_park(thread_id, park_id, config=config)
     return answer
 
 

@@ -109,6 +109,10 @@ class Backend(Protocol):
 
     # retention (SPEC RT1-RT5, SW1-SW8); ``spared`` and ``after`` are the sweep's cursor: a
     # store pages by key after ``after`` or, if it has no keys, skips the ``spared`` threads.
+    # Each operation on a thread's retention, mark or parks checks its owner (SPEC W3) in the
+    # statement or script that acts, as put does: start_thread, mark_finished, record_park and
+    # clear_park raise StorageForbiddenError on another user's thread; thread_retention and
+    # live_parks see only ``owner``'s threads (``None``: any owner).
     def start_thread(
         self, thread_id: str, actor: Actor, declared: ThreadRetention, now: float
     ) -> Program[None]: ...
@@ -117,7 +121,9 @@ class Backend(Protocol):
         self, thread_ids: Sequence[str], actor: Actor, finished_minutes: int, now: float
     ) -> Program[dict[str, float]]: ...
 
-    def thread_retention(self, thread_id: str) -> Program[tuple[ThreadRetention, float | None] | None]: ...
+    def thread_retention(
+        self, thread_id: str, owner: str | None
+    ) -> Program[tuple[ThreadRetention, float | None] | None]: ...
 
     def expired_page(self, page: SweepPage) -> Program[list[ExpiredThread]]: ...
 
@@ -131,9 +137,9 @@ class Backend(Protocol):
 
     def record_park(self, park: Park) -> Program[None]: ...
 
-    def clear_park(self, thread_id: str, park_id: str) -> Program[None]: ...
+    def clear_park(self, thread_id: str, park_id: str, actor: Actor) -> Program[None]: ...
 
-    def live_parks(self, thread_ids: Sequence[str], now: float) -> Program[set[str]]: ...
+    def live_parks(self, thread_ids: Sequence[str], now: float, owner: str | None) -> Program[set[str]]: ...
 
     def interrupted(self, thread_ids: Sequence[str]) -> Program[set[str]]: ...
 
@@ -443,8 +449,12 @@ class ThreadkeepSaver(BaseCheckpointSaver[str]):
     ) -> dict[str, float]:
         """Mark threads finished: each is due the finished retention in force now (its
         declared one, else the platform's capped at its waiting). Returns the due times
-        (epoch seconds) of the threads marked; a thread the store does not hold, or that
-        another user owns, is not."""
+        (epoch seconds) of the threads marked; a thread the store does not hold is not.
+
+        Raises:
+            StorageForbiddenError: a thread belongs to another user (on SQL stores nothing is
+                marked then; on Redis, the threads listed before it are).
+        """
         return self._run(self._mark(thread_ids, config), write=True)
 
     async def amark_finished(
@@ -453,10 +463,32 @@ class ThreadkeepSaver(BaseCheckpointSaver[str]):
         """Async :meth:`mark_finished`."""
         return await self._arun(self._mark(thread_ids, config), write=True)
 
-    def thread_retention(self, thread_id: str) -> tuple[ThreadRetention, float | None] | None:
+    def _retention(
+        self, thread_id: str, config: RunnableConfig | None
+    ) -> ProgramFactory[tuple[ThreadRetention, float | None] | None]:
+        owner = self._actor_of(config).owner_filter
+        return lambda: self.backend.thread_retention(str(thread_id), owner)
+
+    def thread_retention(
+        self, thread_id: str, *, config: RunnableConfig | None = None
+    ) -> tuple[ThreadRetention, float | None] | None:
         """A thread's declared retention and finished due time (``None``: waiting), or
-        ``None`` if the store does not hold the thread."""
-        return self._run(lambda: self.backend.thread_retention(str(thread_id)))
+        ``None`` if the store holds no such thread of the user ``config`` names (another
+        user's thread is not seen, as a read sees nothing of it)."""
+        return self._run(self._retention(thread_id, config))
+
+    async def athread_retention(
+        self, thread_id: str, *, config: RunnableConfig | None = None
+    ) -> tuple[ThreadRetention, float | None] | None:
+        """Async :meth:`thread_retention`."""
+        return await self._arun(self._retention(thread_id, config))
+
+    def _record_park(
+        self, thread_id: str, park_id: str, deadline: float, config: RunnableConfig | None
+    ) -> ProgramFactory[None]:
+        actor = self._actor_of(config)
+        park = Park(str(thread_id), park_id, deadline, actor.user_id, actor.owner_filter, self.clock())
+        return lambda: self.backend.record_park(park)
 
     def record_park(
         self, thread_id: str, park_id: str, deadline: float, *, config: RunnableConfig | None = None
@@ -467,13 +499,34 @@ class ThreadkeepSaver(BaseCheckpointSaver[str]):
         Raises:
             StorageForbiddenError: the thread belongs to another user.
         """
-        actor = self._actor_of(config)
-        park = Park(str(thread_id), park_id, deadline, actor.user_id, actor.owner_filter, self.clock())
-        self._run(lambda: self.backend.record_park(park), write=True)
+        self._run(self._record_park(thread_id, park_id, deadline, config), write=True)
 
-    def clear_park(self, thread_id: str, park_id: str) -> None:
-        """Remove a park once its question is answered."""
-        self._run(lambda: self.backend.clear_park(str(thread_id), park_id), write=True)
+    async def arecord_park(
+        self, thread_id: str, park_id: str, deadline: float, *, config: RunnableConfig | None = None
+    ) -> None:
+        """Async :meth:`record_park`."""
+        await self._arun(self._record_park(thread_id, park_id, deadline, config), write=True)
+
+    def _clear_park(
+        self, thread_id: str, park_id: str, config: RunnableConfig | None
+    ) -> ProgramFactory[None]:
+        actor = self._actor_of(config)
+        return lambda: self.backend.clear_park(str(thread_id), park_id, actor)
+
+    def clear_park(self, thread_id: str, park_id: str, *, config: RunnableConfig | None = None) -> None:
+        """Remove a park once its question is answered, for the user ``config`` names (a
+        park that is not there, or a thread the store does not hold, is no error).
+
+        Raises:
+            StorageForbiddenError: the thread belongs to another user.
+        """
+        self._run(self._clear_park(thread_id, park_id, config), write=True)
+
+    async def aclear_park(
+        self, thread_id: str, park_id: str, *, config: RunnableConfig | None = None
+    ) -> None:
+        """Async :meth:`clear_park`."""
+        await self._arun(self._clear_park(thread_id, park_id, config), write=True)
 
     # the sweep's view of the store (operator calls: see threadkeep.sweep) ---------------------
 
@@ -494,7 +547,10 @@ class ThreadkeepSaver(BaseCheckpointSaver[str]):
         return self._run(lambda: self.backend.threads_named(thread_ids))
 
     def live_parks(self, thread_ids: Sequence[str], now: float) -> set[str]:
-        return self._run(lambda: self.backend.live_parks(thread_ids, now))
+        """Which of ``thread_ids`` hold a park live at ``now``: any owner's for the operator
+        (the sweep) or with isolation off, else only the scope's user's."""
+        owner = self._actor().owner_filter
+        return self._run(lambda: self.backend.live_parks(thread_ids, now, owner))
 
     def interrupted(self, thread_ids: Sequence[str]) -> set[str]:
         return self._run(lambda: self.backend.interrupted(thread_ids))

@@ -218,9 +218,10 @@ def test_starting_a_run_on_another_users_thread_is_refused(open_saver: Opener) -
         saver.mark_finished(["t"])
     with user_scope("bob"), pytest.raises(StorageForbiddenError):
         saver.start_threads(["t"])
-    with user_scope("bob"):
-        assert saver.mark_finished(["t"]) == {}
-    assert saver.thread_retention("t")[1] is not None  # still alice's mark
+    with user_scope("bob"), pytest.raises(StorageForbiddenError):
+        saver.mark_finished(["t"])
+    with user_scope("alice"):
+        assert saver.thread_retention("t")[1] is not None  # still alice's mark
 
 
 # --- RT4: owners -------------------------------------------------------------------------------
@@ -258,7 +259,7 @@ def test_rt4_run_agent_acts_for_the_user_its_config_names(open_saver: Opener) ->
     group = RunGroup(saver, "alice-session", config=alice)
     with group.running():
         graph.invoke({"log": []}, {"configurable": {"thread_id": group.child("r1"), "user_id": "alice"}})
-    assert all(saver.thread_retention(t)[1] is not None for t in group.threads)
+    assert all(saver.thread_retention(t, config=alice)[1] is not None for t in group.threads)
 
 
 @pytest.mark.providers(*ALL)

@@ -701,7 +701,8 @@ RETURNING thread_id, finished_due
 )
 
 THREAD_RETENTION = """
-SELECT waiting_minutes, finished_minutes, finished_due FROM tk_threads WHERE thread_id = %(thread_id)s
+SELECT waiting_minutes, finished_minutes, finished_due FROM tk_threads
+WHERE thread_id = %(thread_id)s AND (%(owner)s::text IS NULL OR owner = %(owner)s::text)
 """
 
 # Pages of threads past a horizon, in tid order from %(after)s (keyset paging: each page is
@@ -759,9 +760,15 @@ ON CONFLICT (tid, park_id) DO UPDATE SET deadline = EXCLUDED.deadline
 RETURNING tid
 """
 
+# A park is removed only from a thread of the required owner (W3): the filter is in the
+# statement that deletes, so no other user's park can go, whatever runs meanwhile.
 CLEAR_PARK = """
 DELETE FROM tk_parks
-WHERE park_id = %(park_id)s AND tid = (SELECT tid FROM tk_threads WHERE thread_id = %(thread_id)s)
+WHERE park_id = %(park_id)s AND tid = (
+    SELECT tid FROM tk_threads
+    WHERE thread_id = %(thread_id)s
+      AND (%(required_owner)s::text IS NULL OR owner = %(required_owner)s::text))
+RETURNING tid
 """
 
 LIVE_PARKS = (
@@ -770,6 +777,7 @@ SELECT DISTINCT t.thread_id FROM tk_parks AS p JOIN tk_threads AS t ON t.tid = p
 WHERE t.thread_id IN """
     + _IDS
     + """ AND p.deadline > %(now)s
+  AND (%(owner)s::text IS NULL OR t.owner = %(owner)s::text)
 """
 )
 

@@ -106,8 +106,10 @@ class RedisBackend:
     ) -> Program[dict[str, float]]:
         return self._programs.mark_finished(self.space, thread_ids, actor, finished_minutes, now)
 
-    def thread_retention(self, thread_id: str) -> Program[tuple[ThreadRetention, float | None] | None]:
-        return self._programs.thread_retention(self.space, thread_id)
+    def thread_retention(
+        self, thread_id: str, owner: str | None
+    ) -> Program[tuple[ThreadRetention, float | None] | None]:
+        return self._programs.thread_retention(self.space, thread_id, owner)
 
     def expired_page(self, page: SweepPage) -> Program[list[ExpiredThread]]:
         return self._programs.expired_page(self.space, page)
@@ -126,11 +128,11 @@ class RedisBackend:
     def record_park(self, park: Park) -> Program[None]:
         return self._programs.record_park(self.space, park, self.ttl_ms)
 
-    def clear_park(self, thread_id: str, park_id: str) -> Program[None]:
-        return self._programs.clear_park(self.space, thread_id, park_id)
+    def clear_park(self, thread_id: str, park_id: str, actor: Actor) -> Program[None]:
+        return self._programs.clear_park(self.space, thread_id, park_id, actor)
 
-    def live_parks(self, thread_ids: Sequence[str], now: float) -> Program[set[str]]:
-        return self._programs.live_parks(self.space, thread_ids, now)
+    def live_parks(self, thread_ids: Sequence[str], now: float, owner: str | None) -> Program[set[str]]:
+        return self._programs.live_parks(self.space, thread_ids, now, owner)
 
     def interrupted(self, thread_ids: Sequence[str]) -> Program[set[str]]:
         return self._programs.interrupted(self.space, thread_ids)

@@ -589,13 +589,12 @@ _PARK = b"park\0"
 def start_thread(
     space: KeySpace, thread_id: str, actor: Actor, declared: ThreadRetention, *, ttl_ms: int, now: float
 ) -> Program[None]:
-    """A run starts on ``thread_id``: out of the finished set; its declared waiting becomes
-    its keys' TTL."""
-    owner = yield Command(("HGET", space.thread(thread_id)[0], "owner"))
-    if owner is None or required_owner(actor) in (None, owner.decode()):
-        # Out of the finished set first: a failure after this leaves a waiting thread, never
-        # a running one marked finished.
-        yield Command(("ZREM", space.finished_key, thread_id))
+    """A run starts on ``thread_id``: no longer finished; its declared waiting becomes its
+    keys' TTL. ``retain.lua`` checks the owner and clears the thread's own ``finished_due``
+    in one script; only then is the thread taken out of the finished set (another key, in
+    another Cluster slot), so another user's start never touches a mark. A failure between
+    the two leaves a running thread listed in the set, which the sweep does not delete
+    (``delete.lua`` reads the thread's own ``finished_due``) and drops with the thread."""
     reply = yield Script(
         "retain",
         space.thread(thread_id),
@@ -611,47 +610,44 @@ def start_thread(
     )
     if reply[0] == b"forbidden":
         raise StorageForbiddenError(thread_id, actor.user_id)
+    yield Command(("ZREM", space.finished_key, thread_id))
 
 
-def _retention_fields(space: KeySpace, thread_id: str) -> Program[tuple[str, ThreadRetention] | None]:
-    owner, waiting_ms, finished = yield Command(
-        ("HMGET", space.thread(thread_id)[0], "owner", "waiting_ms", "finished_m")
+def thread_retention(
+    space: KeySpace, thread_id: str, owner: str | None
+) -> Program[tuple[ThreadRetention, float | None] | None]:
+    """A thread's declared retention and its finished due time (``None``: waiting), read in
+    one command from its own hash (the finished set follows it); ``None`` when there is no
+    such thread of ``owner`` (``None``: any owner)."""
+    held, waiting_ms, finished, due = yield Command(
+        ("HMGET", space.thread(thread_id)[0], "owner", "waiting_ms", "finished_m", "finished_due")
     )
-    if owner is None:
+    if held is None or (owner is not None and held.decode() != owner):
         return None
     declared = ThreadRetention(
         None if waiting_ms is None else int(waiting_ms) // 60_000, None if finished is None else int(finished)
     )
-    return owner.decode(), declared
-
-
-def thread_retention(space: KeySpace, thread_id: str) -> Program[tuple[ThreadRetention, float | None] | None]:
-    found = yield from _retention_fields(space, thread_id)
-    if found is None:
-        return None
-    due = yield Command(("ZSCORE", space.finished_key, thread_id))
-    return found[1], (None if due is None else float(due))
+    return declared, (float(due) if due else None)
 
 
 def mark_finished(
     space: KeySpace, thread_ids: Sequence[str], actor: Actor, platform_finished: int, now: float
 ) -> Program[dict[str, float]]:
-    """Add threads to the finished set, due the finished retention in force now: declared,
-    else the platform's capped at the declared waiting."""
+    """Add threads to the finished set, due the finished retention in force now (declared,
+    else the platform's capped at the declared waiting), which ``finish.lua`` computes and
+    records, after checking the owner, in the thread's own hash. A thread another user
+    owns is refused when it is reached (the threads before it stay marked: each thread is
+    its own script, in its own Cluster slot)."""
     marked: dict[str, float] = {}
-    wanted = required_owner(actor)
-    for thread_id in thread_ids:
-        found = yield from _retention_fields(space, thread_id)
-        if found is None or (wanted is not None and found[0] != wanted):
-            continue
-        declared = found[1]
-        minutes = declared.finished_minutes or min(
-            platform_finished, declared.waiting_minutes or platform_finished
+    for thread_id in dict.fromkeys(thread_ids):
+        reply = yield Script(
+            "finish", space.thread(thread_id), [now, platform_finished, _required_owner(actor)]
         )
-        due = now + 60 * minutes
-        if (yield Script("finish", space.thread(thread_id), [due])):
-            marked[thread_id] = due
-            yield Command(("ZADD", space.finished_key, due, thread_id))
+        if reply[0] == b"forbidden":
+            raise StorageForbiddenError(thread_id, actor.user_id)
+        if reply[0] == b"ok":
+            marked[thread_id] = float(reply[1])
+            yield Command(("ZADD", space.finished_key, marked[thread_id], thread_id))
     return marked
 
 
@@ -723,15 +719,24 @@ def record_park(space: KeySpace, park: Park, ttl_ms: int) -> Program[None]:
         raise StorageForbiddenError(park.thread_id, park.user)
 
 
-def clear_park(space: KeySpace, thread_id: str, park_id: str) -> Program[None]:
-    yield Script("park", space.thread(thread_id), ["clear", park_id])
+def clear_park(space: KeySpace, thread_id: str, park_id: str, actor: Actor) -> Program[None]:
+    """Remove a park; ``park.lua`` refuses it on a thread another user owns."""
+    reply = yield Script("park", space.thread(thread_id), ["clear", park_id, _required_owner(actor)])
+    if reply[0] == b"forbidden":
+        raise StorageForbiddenError(thread_id, actor.user_id)
 
 
-def live_parks(space: KeySpace, thread_ids: Sequence[str], now: float) -> Program[set[str]]:
+def live_parks(
+    space: KeySpace, thread_ids: Sequence[str], now: float, owner: str | None
+) -> Program[set[str]]:
+    """Which of ``thread_ids`` (of ``owner``; ``None``: any) hold a live park: one read of
+    each thread's hash, its owner and parks together."""
     live = set()
     for thread_id in thread_ids:
-        fields = yield Command(("HGETALL", space.thread(thread_id)[0]))
-        if any(key.startswith(_PARK) and float(value) > now for key, value in _pairs(fields)):
+        fields = dict(_pairs((yield Command(("HGETALL", space.thread(thread_id)[0])))))
+        if owner is not None and fields.get(b"owner") != owner.encode():
+            continue
+        if any(key.startswith(_PARK) and float(value) > now for key, value in fields.items()):
             live.add(thread_id)
     return live
 

@@ -162,8 +162,10 @@ class SqlBackend:
     ) -> Program[dict[str, float]]:
         return programs.mark_finished(self.dialect, thread_ids, actor, finished_minutes, now)
 
-    def thread_retention(self, thread_id: str) -> Program[tuple[ThreadRetention, float | None] | None]:
-        return programs.thread_retention(self.dialect, thread_id)
+    def thread_retention(
+        self, thread_id: str, owner: str | None
+    ) -> Program[tuple[ThreadRetention, float | None] | None]:
+        return programs.thread_retention(self.dialect, thread_id, owner)
 
     def expired_page(self, page: SweepPage) -> Program[list[ExpiredThread]]:
         return programs.expired_page(self.dialect, page)
@@ -182,11 +184,11 @@ class SqlBackend:
     def record_park(self, park: Park) -> Program[None]:
         return programs.record_park(self.dialect, park)
 
-    def clear_park(self, thread_id: str, park_id: str) -> Program[None]:
-        return programs.clear_park(self.dialect, thread_id, park_id)
+    def clear_park(self, thread_id: str, park_id: str, actor: Actor) -> Program[None]:
+        return programs.clear_park(self.dialect, thread_id, park_id, actor)
 
-    def live_parks(self, thread_ids: Sequence[str], now: float) -> Program[set[str]]:
-        return programs.live_parks(self.dialect, thread_ids, now)
+    def live_parks(self, thread_ids: Sequence[str], now: float, owner: str | None) -> Program[set[str]]:
+        return programs.live_parks(self.dialect, thread_ids, now, owner)
 
     def interrupted(self, thread_ids: Sequence[str]) -> Program[set[str]]:
         return programs.interrupted(self.dialect, thread_ids)

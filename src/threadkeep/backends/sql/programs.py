@@ -1088,22 +1088,33 @@ def start_thread(
 def mark_finished(
     q: SqlDialect, thread_ids: Sequence[str], actor: Actor, finished_minutes: int, now: float
 ) -> Program[dict[str, float]]:
-    """Mark threads finished; returns each marked thread's due time."""
+    """Mark threads finished; returns each marked thread's due time. The mark itself is
+    restricted to ``actor``'s threads; if it missed any, another user's among them is
+    refused (raising rolls the whole mark back)."""
+    wanted = list(dict.fromkeys(thread_ids))
     rows = yield Sql(
         q.MARK_FINISHED,
         {
-            "thread_ids": q.text_list(list(thread_ids)),
+            "thread_ids": q.text_list(wanted),
             "required_owner": required_owner(actor),
             "finished": finished_minutes,
             "now": now,
         },
     )
-    return {thread_id: float(due) for thread_id, due in rows}
+    marked = {thread_id: float(due) for thread_id, due in rows}
+    if actor.checks_owner and len(marked) < len(wanted):
+        missed = [thread_id for thread_id in wanted if thread_id not in marked]
+        for _, thread_id, owner in (yield Sql(q.THREADS_NAMED, {"thread_ids": q.text_list(missed)})):
+            check_owner(thread_id=thread_id, owner=owner, user_id=actor.user_id, enforce=True)
+    return marked
 
 
-def thread_retention(q: SqlDialect, thread_id: str) -> Program[tuple[ThreadRetention, float | None] | None]:
-    """A thread's declared retention and its finished due time (``None``: waiting)."""
-    rows = yield Sql(q.THREAD_RETENTION, {"thread_id": thread_id})
+def thread_retention(
+    q: SqlDialect, thread_id: str, owner: str | None
+) -> Program[tuple[ThreadRetention, float | None] | None]:
+    """A thread's declared retention and its finished due time (``None``: waiting); ``None``
+    when there is no such thread of ``owner`` (``None``: any owner)."""
+    rows = yield Sql(q.THREAD_RETENTION, {"thread_id": thread_id, "owner": owner})
     if not rows:
         return None
     ((waiting, finished, due),) = rows
@@ -1171,13 +1182,21 @@ def record_park(q: SqlDialect, park: Park) -> Program[None]:
         check_owner(thread_id=park.thread_id, owner=owner, user_id=park.user, enforce=True)
 
 
-def clear_park(q: SqlDialect, thread_id: str, park_id: str) -> Program[None]:
-    yield Sql(q.CLEAR_PARK, {"thread_id": thread_id, "park_id": park_id})
+def clear_park(q: SqlDialect, thread_id: str, park_id: str, actor: Actor) -> Program[None]:
+    """Remove a park of one of ``actor``'s threads; a thread another user owns is refused
+    (the delete itself is restricted to the owner's threads)."""
+    params = {"thread_id": thread_id, "park_id": park_id, "required_owner": required_owner(actor)}
+    if (yield Sql(q.CLEAR_PARK, params)) or not actor.checks_owner:
+        return
+    for (owner,) in (yield Sql(q.THREAD_OWNER, {"thread_id": thread_id})):
+        check_owner(thread_id=thread_id, owner=owner, user_id=actor.user_id, enforce=True)
 
 
-def live_parks(q: SqlDialect, thread_ids: Sequence[str], now: float) -> Program[set[str]]:
-    """Which of ``thread_ids`` have a park whose deadline has not passed."""
-    rows = yield Sql(q.LIVE_PARKS, {"thread_ids": q.text_list(list(thread_ids)), "now": now})
+def live_parks(q: SqlDialect, thread_ids: Sequence[str], now: float, owner: str | None) -> Program[set[str]]:
+    """Which of ``thread_ids`` (of ``owner``; ``None``: any) have a park whose deadline has
+    not passed."""
+    params = {"thread_ids": q.text_list(list(thread_ids)), "now": now, "owner": owner}
+    rows = yield Sql(q.LIVE_PARKS, params)
     return {row[0] for row in rows}
 
 

@@ -435,7 +435,8 @@ RETURNING thread_id, finished_due
 )
 
 THREAD_RETENTION = """
-SELECT waiting_minutes, finished_minutes, finished_due FROM tk_threads WHERE thread_id = :thread_id
+SELECT waiting_minutes, finished_minutes, finished_due FROM tk_threads
+WHERE thread_id = :thread_id AND (:owner IS NULL OR owner = :owner)
 """
 
 _FINISHED = "t.finished_due <= :now"
@@ -482,7 +483,10 @@ RETURNING tid
 
 CLEAR_PARK = """
 DELETE FROM tk_parks
-WHERE park_id = :park_id AND tid = (SELECT tid FROM tk_threads WHERE thread_id = :thread_id)
+WHERE park_id = :park_id AND tid = (
+    SELECT tid FROM tk_threads
+    WHERE thread_id = :thread_id AND (:required_owner IS NULL OR owner = :required_owner))
+RETURNING tid
 """
 
 LIVE_PARKS = (
@@ -490,7 +494,7 @@ LIVE_PARKS = (
 SELECT DISTINCT t.thread_id FROM tk_parks AS p JOIN tk_threads AS t ON t.tid = p.tid
 WHERE t.thread_id IN """
     + _IDS
-    + """ AND p.deadline > :now
+    + """ AND p.deadline > :now AND (:owner IS NULL OR t.owner = :owner)
 """
 )
 

@@ -208,8 +208,10 @@ class TieredBackend:
         )
         return marked  # type: ignore[no-any-return]
 
-    def thread_retention(self, thread_id: str) -> Program[tuple[ThreadRetention, float | None] | None]:
-        found = yield Durable(lambda: self.durable.thread_retention(thread_id))
+    def thread_retention(
+        self, thread_id: str, owner: str | None
+    ) -> Program[tuple[ThreadRetention, float | None] | None]:
+        found = yield Durable(lambda: self.durable.thread_retention(thread_id, owner))
         return found  # type: ignore[no-any-return]
 
     def expired_page(self, page: SweepPage) -> Program[list[ExpiredThread]]:
@@ -238,11 +240,11 @@ class TieredBackend:
     def record_park(self, park: Park) -> Program[None]:
         yield Durable(lambda: self.durable.record_park(park), write=True)
 
-    def clear_park(self, thread_id: str, park_id: str) -> Program[None]:
-        yield Durable(lambda: self.durable.clear_park(thread_id, park_id), write=True)
+    def clear_park(self, thread_id: str, park_id: str, actor: Actor) -> Program[None]:
+        yield Durable(lambda: self.durable.clear_park(thread_id, park_id, actor), write=True)
 
-    def live_parks(self, thread_ids: Sequence[str], now: float) -> Program[set[str]]:
-        live = yield Durable(lambda: self.durable.live_parks(thread_ids, now))
+    def live_parks(self, thread_ids: Sequence[str], now: float, owner: str | None) -> Program[set[str]]:
+        live = yield Durable(lambda: self.durable.live_parks(thread_ids, now, owner))
         return live  # type: ignore[no-any-return]
 
     def interrupted(self, thread_ids: Sequence[str]) -> Program[set[str]]:

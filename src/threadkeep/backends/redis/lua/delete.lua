@@ -3,9 +3,10 @@
 -- ARGV[1] owner filter ("" = any owner).
 -- ARGV[2] a sweep's now (s), or "" (delete unconditionally): the thread is deleted only if
 --         it is still finished and due by then (a run that started since has cleared its
---         "finished_due", finish.lua and retain.lua) and holds no live park. Checked here, in
---         the same script as the delete, so a run that starts or parks after the sweep read
---         its page keeps its thread.
+--         "finished_due", finish.lua and retain.lua; a thread with none was never marked:
+--         its entry in the finished set is another thread's of the same id, deleted since)
+--         and holds no live park. Checked here, in the same script as the delete, so a run
+--         that starts or parks after the sweep read its page keeps its thread.
 -- Returns 1 if the thread was deleted, 0 if there was none to see, -1 if the sweep must
 -- keep it. What is left of a thread that lost its record to an eviction (lost_part) has no
 -- owner to check: an operator (no owner filter) deletes it, at once.
@@ -20,7 +21,7 @@ end
 if ARGV[2] ~= "" then
     local now = tonumber(ARGV[2])
     local due = redis.call("HGET", KEYS[1], "finished_due")
-    if due and (due == "" or tonumber(due) > now) then
+    if not due or due == "" or tonumber(due) > now then
         return -1
     end
     local fields = redis.call("HGETALL", KEYS[1])
