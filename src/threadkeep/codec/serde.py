@@ -23,6 +23,7 @@ from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 
 from threadkeep.codec.dictionary import ZSTD_DICTIONARY_1
 from threadkeep.codec.faithful import FaithfulCodec
+from threadkeep.codec.msgpack import StrictMsgpackSerializer
 from threadkeep.errors import CheckpointSerializationError
 
 __all__ = ["CompressingSerializer", "FaithfulSerializer", "build_serde", "typed_decoder", "with_allowlist"]
@@ -204,6 +205,7 @@ def build_serde(
     *,
     compress_threshold: int | None = 65536,
     inner: SerializerProtocol | None = None,
+    msgpack_strict: bool = True,
 ) -> CompressingSerializer:
     """The serializer a saver stores values with.
 
@@ -212,10 +214,16 @@ def build_serde(
             ``JsonPlusSerializer`` (SPEC C7).
         compress_threshold: See :class:`CompressingSerializer`.
         inner: A serializer to use instead of the one ``codec`` names (e.g. an
-            ``EncryptedSerializer``).
+            ``EncryptedSerializer``), used as given.
+        msgpack_strict: ``msgpack`` reads strictly (:class:`StrictMsgpackSerializer`);
+            ``False``: as ``JsonPlusSerializer()`` does by default, importing and calling
+            what a stored value names.
     """
     if inner is None:
-        inner = FaithfulSerializer() if codec == "json" else JsonPlusSerializer()
+        if codec == "json":
+            inner = FaithfulSerializer()
+        else:
+            inner = StrictMsgpackSerializer() if msgpack_strict else JsonPlusSerializer()
     return CompressingSerializer(inner, compress_threshold)
 
 
@@ -225,6 +233,8 @@ def with_allowlist(serde: SerializerProtocol, extra: Collection[tuple[str, ...]]
         return CompressingSerializer(with_allowlist(serde.inner, extra), serde.threshold)
     if isinstance(serde, FaithfulSerializer):
         return FaithfulSerializer(serde.codec.with_allowlist(extra))
+    if isinstance(serde, StrictMsgpackSerializer):
+        return serde.with_allowlist(extra)
     if isinstance(serde, JsonPlusSerializer):
         return serde.with_msgpack_allowlist(extra)
     return _with_msgpack_allowlist(serde, extra)
