@@ -161,7 +161,10 @@ def saver_kwargs(settings: Settings, options: SaverOptions) -> dict[str, Any]:
     """The ThreadkeepSaver keyword arguments every builder passes on."""
     return {
         "serde": build_serde(
-            settings.codec, compress_threshold=settings.inline_compress_bytes, inner=options.serde
+            settings.codec,
+            compress_threshold=settings.inline_compress_bytes,
+            inner=options.serde,
+            msgpack_strict=settings.msgpack_strict,
         ),
         "enforce_user_isolation": (
             settings.enforce_user_isolation

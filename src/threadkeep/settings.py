@@ -40,6 +40,7 @@ VARIABLES: Mapping[str, tuple[str, str | None]] = {
     f"{PREFIX}_CACHE_URL": ("cache_url", None),
     f"{PREFIX}_CACHE_TTL_SECONDS": ("cache_ttl_seconds", "86400"),
     f"{PREFIX}_CODEC": ("codec", "json"),
+    f"{PREFIX}_MSGPACK_STRICT": ("msgpack_strict", "true"),
     f"{PREFIX}_INLINE_COMPRESS_BYTES": ("inline_compress_bytes", "65536"),
     f"{PREFIX}_RETENTION_WAITING_MINUTES": ("retention_waiting_minutes", "10080"),
     f"{PREFIX}_RETENTION_FINISHED_MINUTES": ("retention_finished_minutes", "1440"),
@@ -75,6 +76,7 @@ class Settings:
     cache_url: str | None = None
     cache_ttl_seconds: int = 86400
     codec: CodecName = "json"
+    msgpack_strict: bool = True
     inline_compress_bytes: int | None = 65536
     retention_waiting_minutes: int = 10080
     retention_finished_minutes: int = 1440
@@ -94,6 +96,7 @@ class Settings:
 
     def __post_init__(self) -> None:
         _check_type("enforce_user_isolation", self.enforce_user_isolation, bool)
+        _check_type("msgpack_strict", self.msgpack_strict, bool)
         _check_type("retry_backoff_seconds", self.retry_backoff_seconds, (int, float))
         for name in ("conn_string", "cache_url", "api_keys", "database_url", "redis_url"):
             if getattr(self, name) is not None:

@@ -18,6 +18,7 @@ from langchain_core.messages import HumanMessage
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 
 from threadkeep.codec import CompressingSerializer, FaithfulSerializer, build_serde, with_allowlist
+from threadkeep.codec.msgpack import StrictMsgpackSerializer
 from threadkeep.codec.serde import compress
 from threadkeep.errors import CheckpointSerializationError
 
@@ -148,7 +149,9 @@ def test_c5_compressed_bytes_that_hold_no_json_fail_the_read() -> None:
 
 def test_c7_msgpack_codec_uses_langgraphs_serializer() -> None:
     serde = build_serde("msgpack", compress_threshold=None)
-    assert isinstance(serde.inner, JsonPlusSerializer)
+    assert isinstance(serde.inner, StrictMsgpackSerializer)
+    assert isinstance(serde.inner.serde, JsonPlusSerializer)
+    assert isinstance(build_serde("msgpack", msgpack_strict=False).inner, JsonPlusSerializer)
     value = {"messages": [HumanMessage("hi")], "n": 1}
     kind, payload = serde.dumps_typed(value)
     assert kind == "msgpack"

@@ -4,14 +4,16 @@ A stored value is a pair ``(type, bytes)``. The faithful codec writes ``("json",
 :class:`CompressingSerializer` turns any pair whose bytes exceed the inline threshold into
 ``(type + "+zstd", ...)``, zstd with :data:`~threadkeep.codec.dictionary.ZSTD_DICTIONARY_1`
 (SPEC C5). Reads accept plain, ``+zstd`` and ``+zlib`` (what earlier versions wrote),
-whatever the threshold is now.
+whatever the threshold is now, and refuse a value that would expand past
+:data:`MAX_EXPANDED_BYTES` before allocating it.
 """
 
 from __future__ import annotations
 
 import threading
 import zlib
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
+from functools import partial
 from typing import Any, Final
 
 import zstandard
@@ -21,6 +23,7 @@ from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 
 from threadkeep.codec.dictionary import ZSTD_DICTIONARY_1
 from threadkeep.codec.faithful import FaithfulCodec
+from threadkeep.codec.msgpack import StrictMsgpackSerializer
 from threadkeep.errors import CheckpointSerializationError
 
 __all__ = ["CompressingSerializer", "FaithfulSerializer", "build_serde", "typed_decoder", "with_allowlist"]
@@ -29,8 +32,12 @@ JSON_TYPE = "json"
 ZSTD_SUFFIX: Final = "+zstd"
 ZLIB_SUFFIX: Final = "+zlib"
 _ZSTD_LEVEL: Final = 3
-# A stored frame claiming more than this is refused rather than allocated.
-_MAX_DECOMPRESSED: Final = 1 << 30
+# The most one stored value may expand to on read, whatever compressed it: a 1.5 MB zlib
+# value can hold 1.5 GiB. Larger is refused before it is allocated (no store holds a plain
+# value this large: Postgres's bytea and SQLite's blobs stop at 1 GB, Redis's strings at 512 MB).
+MAX_EXPANDED_BYTES: Final = 1 << 30
+# What a value whose compressed form does not state its size is measured in, chunk by chunk.
+_MEASURE_CHUNK: Final = 1 << 20
 _DICTIONARY: Final = zstandard.ZstdCompressionDict(
     ZSTD_DICTIONARY_1, dict_type=zstandard.DICT_TYPE_RAWCONTENT
 )
@@ -58,18 +65,57 @@ def compress(payload: bytes) -> bytes:
 def decompress(suffix: str, payload: bytes) -> bytes:
     """The bytes a ``+zstd`` or ``+zlib`` payload holds.
 
+    The size is known before the output is allocated: a zstd frame states it (a frame that
+    does not, and a zlib stream, is first decompressed chunk by chunk, counting and keeping
+    nothing), and more than :data:`MAX_EXPANDED_BYTES` is refused.
+
     Raises:
-        CheckpointSerializationError: the bytes are not a valid frame of that kind.
+        CheckpointSerializationError: the bytes are not a valid frame of that kind, or they
+            expand to more than :data:`MAX_EXPANDED_BYTES`.
     """
     try:
         if suffix == ZLIB_SUFFIX:
-            return zlib.decompress(payload)
+            return zlib.decompress(payload, bufsize=max(_measured(_inflated(payload)), 1))
         size = zstandard.frame_content_size(payload)
-        if size > _MAX_DECOMPRESSED:
-            raise CheckpointSerializationError(f"compressed value claims {size} bytes; refusing to read it")
+        if size > MAX_EXPANDED_BYTES:
+            raise _too_large(f"claims {size} bytes")
+        if size < 0:  # not stated (a streaming writer's frame)
+            reader = _ZSTD.decompressor.stream_reader(payload)
+            size = _measured(iter(partial(reader.read, _MEASURE_CHUNK), b""))
+            return _ZSTD.decompressor.decompress(payload, max_output_size=max(size, 1))
         return _ZSTD.decompressor.decompress(payload)
     except (zlib.error, zstandard.ZstdError) as exc:
         raise CheckpointSerializationError(f"compressed value is corrupt: {exc}") from exc
+
+
+def _too_large(what: str) -> CheckpointSerializationError:
+    return CheckpointSerializationError(
+        f"compressed value {what}; a stored value may expand to {MAX_EXPANDED_BYTES} bytes "
+        "(1 GiB) at most, so it is not read (no threadkeep writer stores such a value: the row "
+        "is damaged or was written by other means; delete the thread or restore the row)"
+    )
+
+
+def _measured(chunks: Iterator[bytes]) -> int:
+    """How many bytes ``chunks`` hold, counted as they come, refused past the bound."""
+    size = 0
+    for chunk in chunks:
+        size += len(chunk)
+        if size > MAX_EXPANDED_BYTES:
+            raise _too_large(f"expands to more than {MAX_EXPANDED_BYTES} bytes")
+    return size
+
+
+def _inflated(payload: bytes) -> Iterator[bytes]:
+    """The bytes a zlib stream holds, a chunk at a time (a truncated stream just ends)."""
+    stream = zlib.decompressobj()
+    pending = payload
+    while not stream.eof:
+        chunk = stream.decompress(pending, _MEASURE_CHUNK)
+        if not chunk and not pending:
+            return
+        yield chunk
+        pending = stream.unconsumed_tail
 
 
 # The dictionary's decompression tables are built on first use; build them now, once, rather
@@ -101,7 +147,7 @@ class CompressingSerializer:
 
     Args:
         inner: The serializer that encodes values.
-        threshold: Payloads longer than this are stored zlib-compressed; ``None`` turns
+        threshold: Payloads longer than this are stored zstd-compressed; ``None`` turns
             compression off (reads still accept compressed values).
     """
 
@@ -159,6 +205,7 @@ def build_serde(
     *,
     compress_threshold: int | None = 65536,
     inner: SerializerProtocol | None = None,
+    msgpack_strict: bool = True,
 ) -> CompressingSerializer:
     """The serializer a saver stores values with.
 
@@ -167,10 +214,16 @@ def build_serde(
             ``JsonPlusSerializer`` (SPEC C7).
         compress_threshold: See :class:`CompressingSerializer`.
         inner: A serializer to use instead of the one ``codec`` names (e.g. an
-            ``EncryptedSerializer``).
+            ``EncryptedSerializer``), used as given.
+        msgpack_strict: ``msgpack`` reads strictly (:class:`StrictMsgpackSerializer`);
+            ``False``: as ``JsonPlusSerializer()`` does by default, importing and calling
+            what a stored value names.
     """
     if inner is None:
-        inner = FaithfulSerializer() if codec == "json" else JsonPlusSerializer()
+        if codec == "json":
+            inner = FaithfulSerializer()
+        else:
+            inner = StrictMsgpackSerializer() if msgpack_strict else JsonPlusSerializer()
     return CompressingSerializer(inner, compress_threshold)
 
 
@@ -180,6 +233,8 @@ def with_allowlist(serde: SerializerProtocol, extra: Collection[tuple[str, ...]]
         return CompressingSerializer(with_allowlist(serde.inner, extra), serde.threshold)
     if isinstance(serde, FaithfulSerializer):
         return FaithfulSerializer(serde.codec.with_allowlist(extra))
+    if isinstance(serde, StrictMsgpackSerializer):
+        return serde.with_allowlist(extra)
     if isinstance(serde, JsonPlusSerializer):
         return serde.with_msgpack_allowlist(extra)
     return _with_msgpack_allowlist(serde, extra)
