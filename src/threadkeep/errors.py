@@ -182,6 +182,18 @@ class StorageForbiddenError(StorageError):
             context={"thread_id": thread_id, "user_id": user_id},
         )
 
+    @classmethod
+    def operator_only(cls, operation: str, user_id: str) -> StorageForbiddenError:
+        """The refusal of a call that acts on every user's threads (the sweep's own)."""
+        error = cls.__new__(cls)
+        ThreadkeepError.__init__(
+            error,
+            f"{operation} acts on every user's threads; user {user_id!r} may not call it. Call it "
+            "inside threadkeep.operator_scope(), as the sweep and the operator CLI do",
+            context={"operation": operation, "user_id": user_id},
+        )
+        return error
+
 
 class CheckpointDeleteError(StorageError):
     """Deleting a thread made no progress against a writer that keeps adding to it."""

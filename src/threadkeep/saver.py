@@ -48,6 +48,7 @@ from threadkeep.core.retention import (
     ThreadRetention,
     declare_retention,
 )
+from threadkeep.errors import StorageForbiddenError
 
 __all__ = ["Backend", "ProviderFacts", "ThreadkeepSaver"]
 
@@ -530,20 +531,39 @@ class ThreadkeepSaver(BaseCheckpointSaver[str]):
 
     # the sweep's view of the store (operator calls: see threadkeep.sweep) ---------------------
 
+    def _operator(self, operation: str) -> None:
+        """The sweep's calls act on every user's threads: with isolation on, only the
+        operator (:func:`threadkeep.operator_scope`) may make them (SPEC W3)."""
+        actor = self._actor()
+        if actor.owner_filter is not None:
+            raise StorageForbiddenError.operator_only(operation, actor.user_id)
+
     def expired_page(self, page: SweepPage) -> builtins.list[ExpiredThread]:
+        """The next page of threads past a horizon, any owner's (operator only)."""
+        self._operator("expired_page")
         return self._run(lambda: self.backend.expired_page(page))
 
     def count_expired(self, page: SweepPage) -> int:
+        """How many threads are past a horizon (operator only)."""
+        self._operator("count_expired")
         return self._run(lambda: self.backend.count_expired(page))
 
     def delete_threads(
         self, threads: Sequence[ExpiredThread], page: SweepPage | None = None
     ) -> builtins.list[str]:
         """Delete ``threads`` (with a sweep's ``page``: those still past its horizon and not
-        parked); returns the ids deleted."""
+        parked), whoever owns them; returns the ids deleted (operator only).
+
+        Raises:
+            StorageForbiddenError: called outside :func:`threadkeep.operator_scope` with
+                isolation on.
+        """
+        self._operator("delete_threads")
         return self._run(lambda: self.backend.delete_threads(threads, page), write=True)
 
     def threads_named(self, thread_ids: Sequence[str]) -> builtins.list[ExpiredThread]:
+        """Which of ``thread_ids`` the store holds, with their owners (operator only)."""
+        self._operator("threads_named")
         return self._run(lambda: self.backend.threads_named(thread_ids))
 
     def live_parks(self, thread_ids: Sequence[str], now: float) -> set[str]:
@@ -553,6 +573,8 @@ class ThreadkeepSaver(BaseCheckpointSaver[str]):
         return self._run(lambda: self.backend.live_parks(thread_ids, now, owner))
 
     def interrupted(self, thread_ids: Sequence[str]) -> set[str]:
+        """Which of ``thread_ids`` wait on an interrupt, any owner's (operator only)."""
+        self._operator("interrupted")
         return self._run(lambda: self.backend.interrupted(thread_ids))
 
     def get_next_version(self, current: str | None, channel: None) -> str:

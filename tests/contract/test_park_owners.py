@@ -186,3 +186,25 @@ def test_w3_rt5_ask_clears_its_park_as_the_runs_user(open_saver: Opener) -> None
         assert saver.live_parks([THREAD], T0) == set()
         assert graph.invoke(Command(resume="yes"), as_user("alice"))["log"] == ["yes"]
     assert not parked(saver)
+
+
+def test_w3_the_sweeps_own_calls_are_the_operators(open_saver: Opener) -> None:
+    """Deleting, listing and probing any user's threads is the sweep's: a user is refused."""
+    saver = open_saver()
+    alices_parked_thread(saver)
+    with operator_scope():
+        (alice,) = saver.threads_named([THREAD])
+    calls = {
+        "delete_threads": lambda: saver.delete_threads([alice]),
+        "threads_named": lambda: saver.threads_named([THREAD]),
+        "interrupted": lambda: saver.interrupted([THREAD]),
+    }
+    with user_scope("bob"):
+        for name, call in calls.items():
+            with pytest.raises(StorageForbiddenError, match=f"{name} acts on every user's threads"):
+                call()
+    assert saver.get_tuple(as_user("alice")) is not None  # nothing deleted
+    with operator_scope():
+        assert saver.interrupted([THREAD]) == set()
+        assert saver.delete_threads([alice]) == [THREAD]
+    assert saver.get_tuple(as_user("alice")) is None

@@ -27,6 +27,7 @@ from tests.retention.test_retention import (
 from threadkeep import (
     Settings,
     declare_retention,
+    operator_scope,
     register_live_thread_filter,
     sweep_checkpoints,
 )
@@ -304,7 +305,8 @@ def _tables(saver: Any) -> dict[str, set[int]]:
 
 
 def _tid(saver: Any, thread_id: str) -> int:
-    return next(t.key for t in saver.threads_named([thread_id]))
+    with operator_scope():
+        return next(t.key for t in saver.threads_named([thread_id]))
 
 
 @pytest.mark.providers(*SWEPT, "redis")
