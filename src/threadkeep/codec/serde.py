@@ -10,6 +10,7 @@ whatever the threshold is now, and refuse a value that would expand past
 
 from __future__ import annotations
 
+import logging
 import threading
 import zlib
 from collections.abc import Callable, Collection, Iterator, Sequence
@@ -17,14 +18,16 @@ from functools import partial
 from typing import Any, Final
 
 import zstandard
-from langgraph.checkpoint.base import _with_msgpack_allowlist
 from langgraph.checkpoint.serde.base import SerializerProtocol
+from langgraph.checkpoint.serde.encrypted import EncryptedSerializer
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 
 from threadkeep.codec.dictionary import ZSTD_DICTIONARY_1
 from threadkeep.codec.faithful import FaithfulCodec
 from threadkeep.codec.msgpack import StrictMsgpackSerializer
 from threadkeep.errors import CheckpointSerializationError
+
+logger = logging.getLogger("threadkeep.codec")
 
 __all__ = ["CompressingSerializer", "FaithfulSerializer", "build_serde", "typed_decoder", "with_allowlist"]
 
@@ -237,4 +240,11 @@ def with_allowlist(serde: SerializerProtocol, extra: Collection[tuple[str, ...]]
         return serde.with_allowlist(extra)
     if isinstance(serde, JsonPlusSerializer):
         return serde.with_msgpack_allowlist(extra)
-    return _with_msgpack_allowlist(serde, extra)
+    if isinstance(serde, EncryptedSerializer):
+        inner = with_allowlist(serde.serde, extra)
+        return serde if inner is serde.serde else EncryptedSerializer(serde.cipher, inner)
+    logger.warning(
+        "serializer %s takes no allowlist: the graph's types are not added to what it may read",
+        type(serde).__name__,
+    )
+    return serde
