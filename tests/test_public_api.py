@@ -20,6 +20,7 @@ def test_public_names_are_pinned() -> None:
         "CheckpointedException",
         "ConfigurationError",
         "FaithfulCodec",
+        "InvalidInputError",
         "MissingExtraError",
         "ParkRefusedError",
         "PlatformRetention",

@@ -12,6 +12,7 @@ always with ``raise ... from exc`` so the original stays on ``__cause__``::
     ├── CheckpointStoreFormatError       STORE_FORMAT_001 unavailable (store needs a reset)
     ├── ThreadRetentionError             RETENTION_001   invalid
     ├── ParkRefusedError                 PARK_001        invalid      (ask() cannot park here)
+    ├── InvalidInputError                INPUT_001       invalid      (an id no store can key)
     └── StorageError                     STORAGE_000     unavailable
         ├── StaleStateError              STORAGE_CONFLICT_001  conflict
         ├── StorageForbiddenError        STORAGE_FORBIDDEN_001 forbidden
@@ -33,6 +34,7 @@ __all__ = [
     "CheckpointStoreFormatError",
     "ConfigurationError",
     "ErrorKind",
+    "InvalidInputError",
     "MissingExtraError",
     "ParkRefusedError",
     "StaleStateError",
@@ -133,6 +135,17 @@ class ParkRefusedError(ThreadkeepError):
     horizon, or a store that cannot hold a parked run. Nothing was parked."""
 
     default_code = "PARK_001"
+    kind: ClassVar[ErrorKind] = "invalid"
+
+
+class InvalidInputError(ThreadkeepError):
+    """A call named an id no store can key: not a string, a lone surrogate, a NUL, or longer
+    than its limit (see :mod:`threadkeep.core.ids`). Refused before any I/O: the call read
+    and stored nothing, and is not retried. ``context`` names the ``field`` and the
+    ``problem`` (``type``, ``surrogate``, ``nul``, ``too_long``), with ``position`` or
+    ``size`` and ``limit``, and the ``value``'s first 40 characters."""
+
+    default_code = "INPUT_001"
     kind: ClassVar[ErrorKind] = "invalid"
 
 

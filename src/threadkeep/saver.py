@@ -29,6 +29,7 @@ from langgraph.checkpoint.serde.base import SerializerProtocol
 
 from threadkeep.codec.serde import build_serde, with_allowlist
 from threadkeep.core.identity import Actor, actor_for
+from threadkeep.core.ids import checked_id, checked_ids, checked_park
 from threadkeep.core.messages import ContentCache, EncodingMemo
 from threadkeep.core.program import Engine, Program, ProgramFactory
 from threadkeep.core.records import (
@@ -264,19 +265,21 @@ class ThreadkeepSaver(BaseCheckpointSaver[str]):
         return lambda: self.backend.list_page(query, serde, self._content)
 
     def _delete_thread(self, thread_id: str) -> ProgramFactory[bool]:
-        owner = self._actor().owner_filter
-        return lambda: self.backend.delete_thread(str(thread_id), owner)
+        owner, checked = self._actor().owner_filter, checked_id(str(thread_id), "thread_id")
+        return lambda: self.backend.delete_thread(checked, owner)
 
     def _delete_for_runs(self, run_ids: Sequence[str]) -> ProgramFactory[int]:
-        owner, ids = self._actor().owner_filter, [str(r) for r in run_ids]
+        owner, ids = self._actor().owner_filter, checked_ids(run_ids, "run_ids")
         return lambda: self.backend.delete_for_runs(ids, owner)
 
     def _copy_thread(self, source: str, target: str) -> ProgramFactory[bool]:
+        source = checked_id(str(source), "source_thread_id")
+        target = checked_id(str(target), "target_thread_id")
         actor, now = self._actor(), self.clock()
-        return lambda: self.backend.copy_thread(str(source), str(target), actor, now)
+        return lambda: self.backend.copy_thread(source, target, actor, now)
 
     def _prune(self, thread_ids: Sequence[str], strategy: str) -> ProgramFactory[None]:
-        owner, ids = self._actor().owner_filter, [str(t) for t in thread_ids]
+        owner, ids = self._actor().owner_filter, checked_ids(thread_ids, "thread_ids")
         return lambda: self.backend.prune(ids, strategy, owner)
 
     # LangGraph's API ----------------------------------------------------------------------
@@ -331,6 +334,8 @@ class ThreadkeepSaver(BaseCheckpointSaver[str]):
             StaleStateError: the put continues a thread whose head moved on (SPEC W2).
             StorageForbiddenError: the thread belongs to another user (SPEC W3).
             CheckpointSerializationError: a value cannot be stored faithfully.
+            InvalidInputError: an id is not one every store can key (``threadkeep.core.ids``);
+                every call that takes an id refuses it so, before any I/O.
         """
         return self._run(self._put_step(config, checkpoint, metadata, new_versions), write=True)
 
@@ -397,7 +402,7 @@ class ThreadkeepSaver(BaseCheckpointSaver[str]):
     def _start(
         self, thread_ids: Sequence[str], declared: ThreadRetention | None, config: RunnableConfig | None
     ) -> ProgramFactory[None]:
-        actor, now, ids = self._actor_of(config), self.clock(), [str(t) for t in thread_ids]
+        ids, actor, now = checked_ids(thread_ids, "thread_ids"), self._actor_of(config), self.clock()
         wanted = declared or self.declared or ThreadRetention()
         # Checked here too: a ThreadRetention built by hand could exceed the platform's.
         declared = declare_retention(
@@ -441,7 +446,7 @@ class ThreadkeepSaver(BaseCheckpointSaver[str]):
     def _mark(
         self, thread_ids: Sequence[str], config: RunnableConfig | None
     ) -> ProgramFactory[dict[str, float]]:
-        actor, now, ids = self._actor_of(config), self.clock(), [str(t) for t in thread_ids]
+        ids, actor, now = checked_ids(thread_ids, "thread_ids"), self._actor_of(config), self.clock()
         finished = self.retention.finished_minutes
         return lambda: self.backend.mark_finished(ids, actor, finished, now)
 
@@ -467,8 +472,8 @@ class ThreadkeepSaver(BaseCheckpointSaver[str]):
     def _retention(
         self, thread_id: str, config: RunnableConfig | None
     ) -> ProgramFactory[tuple[ThreadRetention, float | None] | None]:
-        owner = self._actor_of(config).owner_filter
-        return lambda: self.backend.thread_retention(str(thread_id), owner)
+        owner, checked = self._actor_of(config).owner_filter, checked_id(str(thread_id), "thread_id")
+        return lambda: self.backend.thread_retention(checked, owner)
 
     def thread_retention(
         self, thread_id: str, *, config: RunnableConfig | None = None
@@ -487,8 +492,9 @@ class ThreadkeepSaver(BaseCheckpointSaver[str]):
     def _record_park(
         self, thread_id: str, park_id: str, deadline: float, config: RunnableConfig | None
     ) -> ProgramFactory[None]:
+        thread_id, park_id = checked_park(thread_id, park_id)
         actor = self._actor_of(config)
-        park = Park(str(thread_id), park_id, deadline, actor.user_id, actor.owner_filter, self.clock())
+        park = Park(thread_id, park_id, deadline, actor.user_id, actor.owner_filter, self.clock())
         return lambda: self.backend.record_park(park)
 
     def record_park(
@@ -511,8 +517,9 @@ class ThreadkeepSaver(BaseCheckpointSaver[str]):
     def _clear_park(
         self, thread_id: str, park_id: str, config: RunnableConfig | None
     ) -> ProgramFactory[None]:
+        thread_id, park_id = checked_park(thread_id, park_id)
         actor = self._actor_of(config)
-        return lambda: self.backend.clear_park(str(thread_id), park_id, actor)
+        return lambda: self.backend.clear_park(thread_id, park_id, actor)
 
     def clear_park(self, thread_id: str, park_id: str, *, config: RunnableConfig | None = None) -> None:
         """Remove a park once its question is answered, for the user ``config`` names (a

@@ -15,6 +15,8 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, Final
 
+from threadkeep.core.ids import checked_id
+
 __all__ = [
     "ANONYMOUS",
     "Actor",
@@ -75,13 +77,17 @@ class Actor:
 
 
 def actor_for(configurable: Mapping[str, Any] | None, *, isolate: bool) -> Actor:
-    """Resolve the acting user from a call's ``configurable`` and the current scope."""
+    """Resolve the acting user from a call's ``configurable`` and the current scope.
+
+    Raises:
+        InvalidInputError: the user id is not a valid id (:mod:`threadkeep.core.ids`).
+    """
     scope = _scope.get()
     explicit = (configurable or {}).get("user_id")
     if explicit is not None:
-        user_id = str(explicit)
+        user_id = checked_id(str(explicit), "user_id")
     elif isinstance(scope, str):
-        user_id = scope
+        user_id = checked_id(scope, "user_id")
     else:
         user_id = ANONYMOUS
     if not isolate or (scope is _OPERATOR and explicit is None):

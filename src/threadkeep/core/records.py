@@ -28,6 +28,7 @@ from langgraph.checkpoint.serde.base import SerializerProtocol
 from threadkeep.codec.faithful import FaithfulCodec
 from threadkeep.codec.serde import JSON_TYPE, list_decoder, typed_decoder
 from threadkeep.core.identity import Actor, actor_for
+from threadkeep.core.ids import MAX_NAMESPACE_BYTES, checked_id
 from threadkeep.core.messages import (
     CHAIN_TYPE,
     ContentCache,
@@ -111,6 +112,7 @@ def target_of(config: RunnableConfig, *, isolate: bool) -> Target:
 
     Raises:
         CheckpointSerializationError: the config names no ``thread_id``.
+        InvalidInputError: an id it names is not a valid id (:mod:`threadkeep.core.ids`).
     """
     configurable = config.get("configurable") or {}
     thread_id = configurable.get("thread_id")
@@ -119,10 +121,11 @@ def target_of(config: RunnableConfig, *, isolate: bool) -> Target:
             'the config has no "thread_id"; pass {"configurable": {"thread_id": ...}}',
             path='configurable["thread_id"]',
         )
+    ns, checkpoint_id = configurable.get("checkpoint_ns") or "", configurable.get("checkpoint_id") or None
     return Target(
-        thread_id=str(thread_id),
-        checkpoint_ns=configurable.get("checkpoint_ns") or "",
-        checkpoint_id=configurable.get("checkpoint_id") or None,
+        thread_id=checked_id(str(thread_id), "thread_id"),
+        checkpoint_ns=checked_id(ns, "checkpoint_ns", MAX_NAMESPACE_BYTES),
+        checkpoint_id=None if checkpoint_id is None else checked_id(checkpoint_id, "checkpoint_id"),
         actor=actor_for(configurable, isolate=isolate),
     )
 
@@ -210,6 +213,10 @@ def prepare_put(
 ) -> PutStep:
     """Encode a ``put``: the changed channels, their message chains, the checkpoint."""
     target = target_of(config, isolate=isolate)
+    checkpoint_id = checked_id(checkpoint["id"], 'checkpoint["id"]')
+    stored_metadata = get_serializable_checkpoint_metadata(config, metadata)
+    run_id = stored_metadata.get("run_id")
+    run_id = None if run_id is None else checked_id(str(run_id), "run_id")
     configurable = config.get("configurable") or {}
     values = checkpoint["channel_values"]
     blobs: list[BlobRow] = []
@@ -227,7 +234,6 @@ def prepare_put(
             chains.append(chain)
     # The id is the key the checkpoint is stored under: not stored again (see assemble).
     structure = {k: v for k, v in checkpoint.items() if k not in _KEYED}
-    stored_metadata = get_serializable_checkpoint_metadata(config, metadata)
     every = checkpoint["channel_versions"]
     whole: Callable[[], PutStep] | None = None
     if any(channel not in new_versions for channel in every):
@@ -236,12 +242,11 @@ def prepare_put(
             isolate=isolate, history_limit=history_limit, now=now, memo=memo,
         )  # fmt: skip
 
-    run_id = stored_metadata.get("run_id")
     versions = tuple((channel, version_key(version)) for channel, version in every.items())
     return PutStep(
         target=target,
-        checkpoint_id=checkpoint["id"],
-        run_id=None if run_id is None else str(run_id),
+        checkpoint_id=checkpoint_id,
+        run_id=run_id,
         source=stored_metadata.get("source"),
         branch_from=configurable.get(BRANCH_KEY),
         checkpoint=_encode_structure(structure, "checkpoint"),
@@ -352,6 +357,7 @@ def prepare_writes(
             "put_writes needs the checkpoint the writes belong to",
             path='configurable["checkpoint_id"]',
         )
+    task_id = checked_id(task_id, "task_id")
     rows = []
     for position, (channel, value) in enumerate(writes):
         idx = WRITES_IDX_MAP.get(channel, position)
@@ -702,13 +708,18 @@ class ListQuery:
         page_size: int = 100,
     ) -> ListQuery:
         configurable = (config or {}).get("configurable") or {}
-        actor = actor_for(configurable, isolate=isolate)
-        thread_id = configurable.get("thread_id")
+        thread_id, ns = configurable.get("thread_id"), configurable.get("checkpoint_ns")
+        checkpoint_id = configurable.get("checkpoint_id")
         before_id = ((before or {}).get("configurable") or {}).get("checkpoint_id")
+        thread_id = None if thread_id is None else checked_id(str(thread_id), "thread_id")
+        ns = None if ns is None else checked_id(ns, "checkpoint_ns", MAX_NAMESPACE_BYTES)
+        checkpoint_id = None if checkpoint_id is None else checked_id(checkpoint_id, "checkpoint_id")
+        before_id = None if before_id is None else checked_id(before_id, 'before["checkpoint_id"]')
+        actor = actor_for(configurable, isolate=isolate)
         return cls(
-            thread_id=None if thread_id is None else str(thread_id),
-            checkpoint_ns=configurable.get("checkpoint_ns"),
-            checkpoint_id=configurable.get("checkpoint_id"),
+            thread_id=thread_id,
+            checkpoint_ns=ns,
+            checkpoint_id=checkpoint_id,
             before=before_id,
             filter=filter_as_stored(filter),
             remaining=limit,
