@@ -9,7 +9,17 @@ Jobs:
   thread's state write ``marker`` and wait for ``go``: two such workers hold the same head
   before either writes. Exits 3 on ``StaleStateError``.
 
-Options: ``dsn``, ``cache_url``, ``cache_prefix``, ``thread``, ``marker``, ``go``, ``name``.
+- ``stop_after_commit``: run turn ``turn`` of the workload agent on a thread, but stop at its
+  first cache write: once Postgres committed the step, write ``marker`` (the time, after the
+  commit) and wait for ever (the test kills the process there).
+- ``partition``: run turn 0, write ``marker``, wait for ``go`` (the test cuts this process's
+  connection to Redis meanwhile), run turn 1, write ``done`` (the time, after its commits).
+- ``poll``: read the thread's state (``get_state``) until it is checkpoint ``want_id`` or
+  holds ``want_messages`` messages, at most ``deadline`` seconds; print every read as JSON
+  ``[started, checkpoint id, messages]``.
+
+Options: ``dsn``, ``cache_url``, ``cache_prefix``, ``thread``, ``marker``, ``go``, ``name``,
+``done``, ``turn``, ``want_id``, ``want_messages``, ``deadline``.
 """
 
 from __future__ import annotations
@@ -24,6 +34,8 @@ from langgraph.graph import END, START, StateGraph
 from typing_extensions import TypedDict
 
 from threadkeep import Settings, StaleStateError, open_checkpointer
+from threadkeep.backends.tiered.engine import Cached
+from threadkeep.workload import build_agent, turn_input
 
 STALE_EXIT = 3
 
@@ -95,7 +107,42 @@ def open_store(options: dict[str, Any]) -> Any:
         options["dsn"],
         settings=Settings(cache_url=options["cache_url"]),
         cache_prefix=options["cache_prefix"],
+        **{name: options[name] for name in ("cache_timeout",) if name in options},
     )
+
+
+def stop_after_commit(saver: Any, options: dict[str, Any]) -> None:
+    """Make the saver stop, for ever, at its first cache write of a state: after Postgres
+    committed the step, before Redis has it."""
+    engine = saver.backend.engine
+    execute = engine._execute
+
+    def stopping(request: Any) -> Any:
+        if isinstance(request, Cached) and request.what == "write a state":
+            Path(options["marker"]).write_text(json.dumps(time.time()))
+            while True:
+                time.sleep(60)
+        return execute(request)
+
+    engine._execute = stopping
+
+
+def poll(saver: Any, options: dict[str, Any], config: Any) -> list[list[Any]]:
+    """Read the state until it is the one wanted (or the deadline); every read, with when it
+    started."""
+    graph = build_agent(saver)
+    reads: list[list[Any]] = []
+    deadline = time.monotonic() + options["deadline"]
+    while time.monotonic() < deadline:
+        started = time.time()
+        state = graph.get_state(config)
+        checkpoint_id = state.config["configurable"]["checkpoint_id"]
+        messages = len(state.values.get("messages", []))
+        reads.append([started, checkpoint_id, messages])
+        if checkpoint_id == options.get("want_id") or messages == options.get("want_messages"):
+            break
+        time.sleep(0.05)
+    return reads
 
 
 def main(job: str, options: dict[str, Any]) -> int:
@@ -103,6 +150,21 @@ def main(job: str, options: dict[str, Any]) -> int:
     with open_store(options) as saver:
         if job == "slow":
             slow_graph(saver, options).invoke({"log": []}, config, durability="sync")
+            return 0
+        if job == "stop_after_commit":
+            stop_after_commit(saver, options)
+            build_agent(saver).invoke(turn_input(options["turn"]), config, durability="sync")
+            return 0
+        if job == "partition":
+            graph = build_agent(saver)
+            graph.invoke(turn_input(0), config, durability="sync")
+            Path(options["marker"]).write_text("turn 0")
+            _wait_for(options["go"])
+            graph.invoke(turn_input(1), config, durability="sync")
+            Path(options["done"]).write_text(json.dumps(time.time()))
+            return 0
+        if job == "poll":
+            print(json.dumps(poll(saver, options, config)))
             return 0
         try:
             race_graph(saver, options).invoke({"log": []}, config, durability="sync")

@@ -39,6 +39,7 @@ VARIABLES: Mapping[str, tuple[str, str | None]] = {
     f"{PREFIX}_CONN_STRING": ("conn_string", None),
     f"{PREFIX}_CACHE_URL": ("cache_url", None),
     f"{PREFIX}_CACHE_TTL_SECONDS": ("cache_ttl_seconds", "86400"),
+    f"{PREFIX}_CACHE_LEASE_SECONDS": ("cache_lease_seconds", "2.0"),
     f"{PREFIX}_CODEC": ("codec", "json"),
     f"{PREFIX}_MSGPACK_STRICT": ("msgpack_strict", "true"),
     f"{PREFIX}_INLINE_COMPRESS_BYTES": ("inline_compress_bytes", "65536"),
@@ -75,6 +76,7 @@ class Settings:
     conn_string: str | None = None
     cache_url: str | None = None
     cache_ttl_seconds: int = 86400
+    cache_lease_seconds: float = 2.0
     codec: CodecName = "json"
     msgpack_strict: bool = True
     inline_compress_bytes: int | None = 65536
@@ -136,6 +138,13 @@ class Settings:
             value = getattr(self, name)
             if value is not None:
                 _check_positive(name, value)
+        _check_type("cache_lease_seconds", self.cache_lease_seconds, (int, float))
+        if not math.isfinite(self.cache_lease_seconds) or self.cache_lease_seconds <= 0:
+            raise ConfigurationError(
+                f"{_variable('cache_lease_seconds')}={self.cache_lease_seconds!r} must be a "
+                "positive, finite number of seconds",
+                context={"variable": _variable("cache_lease_seconds")},
+            )
         if not math.isfinite(self.retry_backoff_seconds) or self.retry_backoff_seconds < 0:
             raise ConfigurationError(
                 f"{_variable('retry_backoff_seconds')}={self.retry_backoff_seconds!r} must be a "

@@ -4,6 +4,7 @@ state after the operation."""
 from __future__ import annotations
 
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -15,8 +16,10 @@ from langgraph.graph import END, START, StateGraph
 from typing_extensions import TypedDict
 
 from tests.providers import REDIS_URL, postgres_schema, stored_checkpoint_ids, track_redis_prefix
+from tests.servers import RedisServer
 from threadkeep import Settings, StaleStateError, open_checkpointer
 from threadkeep.backends.tiered.cache import NO_VERSION, REMOVED_HOLD_MS
+from threadkeep.core.rules import SERVED_KEY, required_head
 from threadkeep.metrics import CACHE_EVENTS, Metrics
 from threadkeep.workload import MESSAGES_PER_TURN, build_agent, turn_input
 
@@ -388,25 +391,57 @@ def _commandstats(client: redis.Redis) -> dict[str, int]:
     return {name: int(value["calls"]) for name, value in stats.items()}
 
 
-def test_t7_a_load_after_a_hit_is_one_redis_round_trip_and_no_postgres(tiered: Tiered) -> None:
-    build_agent(tiered.saver).invoke(turn_input(0), cfg("t7"))
-    tiered.saver.get_tuple(cfg("t7"))  # scripts loaded, a hit
-    postgres_calls: list[Any] = []
-    durable = tiered.saver.backend.engine.durable
-    original = durable.run
-    durable.run = lambda make, **kw: postgres_calls.append(make) or original(make, **kw)  # type: ignore[method-assign]
-    sent: list[Any] = []
-    cache = tiered.saver.backend.engine.cache
-    execute = cache._execute
-    cache._execute = lambda client, request: sent.append(request) or execute(client, request)  # type: ignore[method-assign]
-    before = _commandstats(tiered.redis)
-    loaded = tiered.saver.get_tuple(cfg("t7"))
-    after = _commandstats(tiered.redis)
-    # One request from the client, and the server ran one script for it.
-    assert [type(request).__name__ for request in sent] == ["Script"]
-    assert after["cmdstat_evalsha"] - before["cmdstat_evalsha"] == 1
-    assert postgres_calls == []
-    assert len(loaded.checkpoint["channel_values"]["messages"]) == 8
+def test_t7_a_load_after_a_hit_is_one_redis_round_trip_and_no_postgres(provider: Any) -> None:
+    # A Redis of its own, whose script count is this test's alone; a lease no load outlasts.
+    server = RedisServer().start()
+    tiered = Tiered(server.url, cache_lease=3600)
+    try:
+        build_agent(tiered.saver).invoke(turn_input(0), cfg("t7"))
+        tiered.saver.get_tuple(cfg("t7"))  # scripts loaded, a hit
+        postgres_calls: list[Any] = []
+        durable = tiered.saver.backend.engine.durable
+        original = durable.run
+        durable.run = lambda make, **kw: postgres_calls.append(make) or original(make, **kw)  # type: ignore[method-assign]
+        sent: list[Any] = []
+        cache = tiered.saver.backend.engine.cache
+        execute = cache._execute
+        cache._execute = lambda client, request: sent.append(request) or execute(client, request)  # type: ignore[method-assign]
+        before = _commandstats(tiered.redis)
+        loaded = tiered.saver.get_tuple(cfg("t7"))
+        after = _commandstats(tiered.redis)
+        # One request from the client, and the server ran one script for it.
+        assert [type(request).__name__ for request in sent] == ["Script"]
+        assert after["cmdstat_evalsha"] - before["cmdstat_evalsha"] == 1
+        assert postgres_calls == []
+        assert len(loaded.checkpoint["channel_values"]["messages"]) == 8
+    finally:
+        tiered.close()
+        server.close()
+
+
+def test_t7_a_load_past_its_lease_is_confirmed_by_one_postgres_lookup_and_renewed(provider: Any) -> None:
+    tiered = Tiered(cache_lease=0.001)
+    try:
+        build_agent(tiered.saver).invoke(turn_input(0), cfg("t7-lease"))
+        postgres_calls: list[Any] = []
+        durable = tiered.saver.backend.engine.durable
+        original = durable.run
+        durable.run = lambda make, **kw: postgres_calls.append(make) or original(make, **kw)  # type: ignore[method-assign]
+        sent: list[str] = []
+        cache = tiered.saver.backend.engine.cache
+        execute = cache._execute
+        cache._execute = lambda client, request: sent.append(request.name) or execute(client, request)  # type: ignore[method-assign]
+        time.sleep(0.01)  # past the lease of the last write
+        loaded = tiered.saver.get_tuple(cfg("t7-lease"))
+        # The entry, one lookup of Postgres's newest version (not a state read), the renewal.
+        assert sent == ["load", "cache_renew"]
+        assert len(postgres_calls) == 1
+        assert tiered.events("confirmed") == 1
+        assert tiered.events("stale") == 0
+        assert loaded.checkpoint["id"] == tiered.durable_ids("t7-lease")[-1]
+        assert len(loaded.checkpoint["channel_values"]["messages"]) == MESSAGES_PER_TURN
+    finally:
+        tiered.close()
 
 
 def test_t7_a_steps_cache_write_does_not_resend_the_history(tiered: Tiered) -> None:
@@ -430,6 +465,31 @@ def test_t7_a_steps_cache_write_does_not_resend_the_history(tiered: Tiered) -> N
     # After 8 turns the history is 8 times longer; a step's write is not.
     assert max(eighth_turn) < 2 * max(first_turn)
     assert sum(eighth_turn) < 2 * sum(first_turn)
+
+
+# --- a write never branches from a stale head (docs/tiered.md) --------------------------------
+
+
+def test_w2_a_put_on_a_state_the_cache_served_needs_it_to_still_be_the_head() -> None:
+    for source in ("loop", "update", "fork"):
+        assert required_head(parent_id="b", source=source, branch_from=None, served_head="b") == "b"
+    # Read from Postgres, an update branches from any checkpoint, as on every provider ...
+    assert required_head(parent_id="b", source="update", branch_from=None, served_head=None) is None
+    # ... and so does time travel to an addressed checkpoint, whatever config it came from.
+    assert required_head(parent_id="b", source="update", branch_from="b", served_head="b") is None
+    # The marker speaks only of the state it was served with.
+    assert required_head(parent_id="c", source="update", branch_from=None, served_head="b") is None
+
+
+def test_w2_time_travel_from_a_config_the_cache_served_still_branches(tiered: Tiered) -> None:
+    graph = build_agent(tiered.saver)
+    graph.invoke(turn_input(0), cfg("travel"))
+    earlier = graph.get_state(cfg("travel")).config  # served by the cache
+    assert earlier["configurable"][SERVED_KEY] == earlier["configurable"]["checkpoint_id"]
+    graph.invoke(turn_input(1), cfg("travel"))
+    forked = graph.update_state(earlier, {"messages": []}, as_node="agent")
+    fork = tiered.saver.get_tuple(forked)
+    assert fork.parent_config["configurable"]["checkpoint_id"] == earlier["configurable"]["checkpoint_id"]
 
 
 # --- history and metrics ------------------------------------------------------------------------

@@ -17,6 +17,7 @@ from typing import Any
 import psycopg
 import pytest
 import redis
+from langchain_core.messages import HumanMessage
 
 from tests.providers import (
     POSTGRES_URL,
@@ -27,7 +28,8 @@ from tests.providers import (
 )
 from tests.servers import RedisServer, TcpProxy
 from tests.workers import STALE_EXIT, log_graph, slow_graph
-from threadkeep import Settings, StorageError, open_checkpointer
+from threadkeep import Settings, StaleStateError, StorageError, open_checkpointer
+from threadkeep.backends.redis.keys import KeySpace
 from threadkeep.metrics import CACHE_EVENTS, Metrics
 from threadkeep.workload import MESSAGES_PER_TURN, build_agent, turn_input
 
@@ -78,6 +80,12 @@ class Store:
 
     def events(self, event: str) -> float:
         return self.metrics.value(CACHE_EVENTS, event=event)
+
+    def cached_version(self, thread_id: str) -> str | None:
+        """The version the thread's cache entry holds (its root namespace's checkpoint id)."""
+        entry = KeySpace(self.prefix).thread(f"{thread_id}\0anonymous")[0]
+        value = redis.Redis.from_url(self.cache_url).hget(entry, "version\0")
+        return None if value is None else value.decode()
 
 
 @pytest.fixture
@@ -223,10 +231,14 @@ def test_t8_postgres_down_fails_the_run_and_it_resumes_from_the_last_durable_ste
         proxy.close()
 
 
-def _worker(job: str, **options: Any) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+def _worker(job: str, stdout: int | None = None, **options: Any) -> subprocess.Popen[bytes]:
+    # The package under test first (PYTHONPATH, as pytest was given it), then the tests.
+    path = os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH"), str(ROOT)]))
     return subprocess.Popen(
-        [sys.executable, "-m", "tests.workers", job, json.dumps(options)], cwd=ROOT, env=env
+        [sys.executable, "-m", "tests.workers", job, json.dumps(options)],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": path},
+        stdout=stdout,
     )
 
 
@@ -300,3 +312,150 @@ def test_t8_two_runs_racing_from_two_processes(provider: Any, tmp_path: Path) ->
         assert state.checkpoint["id"] == store.durable_ids("raced")[-1]
         graph.invoke({"log": []}, cfg("raced"))  # the thread stays usable
         assert saver.get_tuple(cfg("raced")).checkpoint["channel_values"]["log"] == [*log, "first"]
+
+
+# --- how stale a read can be (docs/tiered.md) -----------------------------------------------
+
+
+def _readers(count: int, **options: Any) -> list[list[list[Any]]]:
+    """``count`` processes, each reading the thread's state until it is the one wanted (at
+    most 30 s): each one's reads, ``[started, checkpoint id, messages]``."""
+    readers = [_worker("poll", stdout=subprocess.PIPE, deadline=30, **options) for _ in range(count)]
+    try:
+        return [json.loads(reader.communicate(timeout=120)[0]) for reader in readers]
+    finally:
+        for reader in readers:
+            if reader.poll() is None:
+                reader.kill()
+
+
+def _assert_not_served_past_the_lease(
+    reads: list[list[Any]], committed_by: float, column: int, wanted: Any
+) -> None:
+    """Every read that started more than the lease after the newest state was committed
+    (``committed_by``: a time after that commit) returned it (``wanted`` in ``column``)."""
+    bound = committed_by + Settings().cache_lease_seconds
+    late = [read for read in reads if read[0] > bound]
+    assert all(read[column] == wanted for read in late), f"stale reads after the lease: {late}"
+
+
+def _ancestry(saver: Any, thread_id: str) -> list[str]:
+    """The checkpoint ids from the thread's newest back to its first, parent by parent."""
+    found = saver.get_tuple(cfg(thread_id))
+    ids = [found.checkpoint["id"]]
+    while found.parent_config is not None:
+        found = saver.get_tuple(found.parent_config)
+        ids.append(found.checkpoint["id"])
+    return ids
+
+
+def _kill_after_commit(store: Store, thread_id: str, turn: int, marker: Path) -> float:
+    """Run ``turn`` in a worker process, SIGKILLed once its first step is committed in
+    Postgres and before it reaches the cache; returns a time after that commit."""
+    base = {"dsn": store.dsn, "cache_url": store.cache_url, "cache_prefix": store.prefix}
+    worker = _worker("stop_after_commit", **base, thread=thread_id, turn=turn, marker=str(marker))
+    try:
+        _wait_for(marker)
+        worker.send_signal(signal.SIGKILL)
+        assert worker.wait(timeout=30) == -signal.SIGKILL
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+    return float(json.loads(marker.read_text()))
+
+
+def test_t4_a_worker_killed_between_its_commit_and_its_cache_write_is_not_served_past_the_lease(
+    provider: Any, tmp_path: Path
+) -> None:
+    store = Store()
+    thread = "killed-after-commit"
+    base = {"dsn": store.dsn, "cache_url": store.cache_url, "cache_prefix": store.prefix, "thread": thread}
+    with store.open() as saver:
+        graph = build_agent(saver)
+        graph.invoke(turn_input(0), cfg(thread))
+        committed = []
+        for kill in range(2):
+            cached = store.cached_version(thread)
+            after_commit = _kill_after_commit(store, thread, kill + 1, tmp_path / f"committed-{kill}")
+            head = store.durable_ids(thread)[-1]
+            committed.append(head)
+            assert head != cached
+            assert store.cached_version(thread) == cached  # the cache was left behind
+            # Readers in two other processes see Postgres's head, at the latest once the
+            # lease of the state left behind has run out.
+            for reads in _readers(2, **base, want_id=head):
+                assert reads[-1][1] == head, f"still served {reads[-1][1]}, Postgres has {head}"
+                _assert_not_served_past_the_lease(reads, after_commit, 1, head)
+        # Neither the next write nor the next run drops a step Postgres committed.
+        graph.update_state(cfg(thread), {"messages": [HumanMessage(content="a note")]}, as_node="agent")
+        graph.invoke(turn_input(3), cfg(thread))
+        history = _ancestry(saver, thread)
+        assert all(checkpoint_id in history for checkpoint_id in committed)
+
+
+def test_w2_a_write_based_on_a_stale_cached_head_is_refused_not_branched(
+    provider: Any, tmp_path: Path
+) -> None:
+    store = Store()
+    thread = "stale-head"
+    with store.open(cache_lease=3600) as saver:  # the entry stays within its lease throughout
+        graph = build_agent(saver)
+        graph.invoke(turn_input(0), cfg(thread))
+        cached = store.cached_version(thread)
+        _kill_after_commit(store, thread, 1, tmp_path / "committed")
+        head = store.durable_ids(thread)[-1]
+        assert head != cached
+        # Within its lease the entry serves the state the killed worker moved past ...
+        assert saver.get_tuple(cfg(thread)).checkpoint["id"] == cached
+        # ... but a write based on it, an update_state too, is refused: it never branches
+        # beside the head Postgres committed.
+        note = {"messages": [HumanMessage(content="a note")]}
+        with pytest.raises(StaleStateError):
+            graph.update_state(cfg(thread), note, as_node="agent")
+        assert head in store.durable_ids(thread)
+        assert store.durable_ids(thread)[-1] == head  # nothing stored
+        # The refusal cleared the entry: the write read again is based on the true head.
+        assert saver.get_tuple(cfg(thread)).checkpoint["id"] == head
+        graph.update_state(cfg(thread), note, as_node="agent")
+        assert head in _ancestry(saver, thread)
+
+
+def test_t4_a_writer_cut_off_from_redis_is_not_served_past_the_lease(
+    own_redis: RedisServer, tmp_path: Path
+) -> None:
+    store = Store(own_redis.url)
+    thread = "partitioned"
+    proxy = TcpProxy(own_redis.port).accept()
+    try:
+        writer = _worker(
+            "partition",
+            dsn=store.dsn,
+            cache_url=f"redis://127.0.0.1:{proxy.port}/0",  # only the writer goes through the proxy
+            cache_prefix=store.prefix,
+            cache_timeout=0.5,
+            thread=thread,
+            marker=str(tmp_path / "turn-0"),
+            go=str(tmp_path / "go"),
+            done=str(tmp_path / "done"),
+        )
+        try:
+            _wait_for(tmp_path / "turn-0")
+            cached = store.cached_version(thread)
+            proxy.refuse()  # the writer's connections to Redis die; Redis keeps its data
+            (tmp_path / "go").write_text("go")
+            assert writer.wait(timeout=120) == 0
+        finally:
+            if writer.poll() is None:
+                writer.kill()
+    finally:
+        proxy.close()
+    after_commits = float(json.loads((tmp_path / "done").read_text()))
+    assert store.cached_version(thread) == cached  # turn 1 never reached the cache
+    assert store.durable_ids(thread)[-1] != cached
+    every = 2 * MESSAGES_PER_TURN
+    base = {"dsn": store.dsn, "cache_url": store.cache_url, "cache_prefix": store.prefix, "thread": thread}
+    for reads in _readers(2, **base, want_messages=every):
+        assert reads[-1][2] == every, f"still served {reads[-1][2]} messages, Postgres has {every}"
+        _assert_not_served_past_the_lease(reads, after_commits, 2, every)
+    with store.open() as saver:
+        store.assert_all_readable(saver, thread, every)

@@ -40,7 +40,7 @@ from threadkeep.core.messages import (
     parse_chain_ref,
     split_digests,
 )
-from threadkeep.core.rules import BRANCH_KEY
+from threadkeep.core.rules import BRANCH_KEY, SERVED_KEY
 from threadkeep.errors import CheckpointSerializationError
 
 __all__ = [
@@ -164,6 +164,9 @@ class PutStep:
     encode: Callable[[str], tuple[BlobRow, MessageChain | None] | None] | None = field(
         default=None, compare=False, repr=False
     )
+    # The parent, if a cache served it as the newest state (SERVED_KEY): it must still be the
+    # head (threadkeep.core.rules.required_head).
+    served_head: str | None = None
 
     @property
     def changed(self) -> frozenset[str]:
@@ -258,6 +261,7 @@ def prepare_put(
         history_limit=history_limit,
         whole=whole,
         encode=partial(_encode_current, checkpoint=checkpoint, serde=serde, memo=memo, target=target),
+        served_head=configurable.get(SERVED_KEY),
     )
 
 

@@ -8,7 +8,10 @@ continues from (its parent). It may proceed when:
 * it names no parent (a new root: LangGraph's first put on a thread),
 * it is an explicit branch: ``update_state`` (source ``update``), a replay fork (source
   ``fork``), or a run that was started from an addressed older checkpoint (time travel),
-  which :data:`BRANCH_KEY` marks on the config ``get_tuple`` hands the run.
+  which :data:`BRANCH_KEY` marks on the config ``get_tuple`` hands the run. An
+  ``update_state`` or fork whose parent a cache served as the newest state
+  (:data:`SERVED_KEY`) is not one: the cache may have served it late, so the put needs it
+  to still be the head, as a step does.
 
 Anything else continues a thread that moved on: :class:`~threadkeep.errors.StaleStateError`.
 """
@@ -23,6 +26,7 @@ from threadkeep.errors import StaleStateError, StorageForbiddenError
 __all__ = [
     "BRANCH_KEY",
     "BRANCH_SOURCES",
+    "SERVED_KEY",
     "check_head",
     "check_owner",
     "required_head",
@@ -33,15 +37,27 @@ __all__ = [
 # config into every later put of the run. The "__" prefix keeps it out of stored metadata.
 BRANCH_KEY: Final = "__threadkeep_branch_from"
 BRANCH_SOURCES: Final = frozenset({"update", "fork"})
+# Carried by the config of a state the tiered cache served as the newest (its checkpoint
+# id): a write based on it, a branch too, needs it to still be the head, so that a state the
+# cache served late never becomes the parent of a branch beside the true head.
+SERVED_KEY: Final = "__threadkeep_served_head"
 
 
-def required_head(*, parent_id: str | None, source: object, branch_from: str | None) -> str | None:
+def required_head(
+    *, parent_id: str | None, source: object, branch_from: str | None, served_head: str | None = None
+) -> str | None:
     """The head a put must find to proceed, or ``None`` when any head will do.
 
     A new root (no parent) and an explicit branch need no particular head; a step that
-    continues the thread needs its parent to still be the head.
+    continues the thread needs its parent to still be the head, and so does an
+    ``update_state`` or a fork whose parent a cache served as the head (``served_head``),
+    unless that parent was then addressed by id (time travel: ``branch_from``).
     """
-    if parent_id is None or source in BRANCH_SOURCES or branch_from == parent_id:
+    if parent_id is None or branch_from == parent_id:
+        return None
+    if parent_id == served_head:
+        return parent_id
+    if source in BRANCH_SOURCES:
         return None
     return parent_id
 
@@ -56,6 +72,7 @@ def check_head(
     already_stored: bool,
     source: object,
     branch_from: str | None,
+    served_head: str | None = None,
 ) -> None:
     """Refuse a put that continues a thread whose head moved on.
 
@@ -66,7 +83,9 @@ def check_head(
     Raises:
         StaleStateError: naming the thread, the expected and the current head.
     """
-    required = required_head(parent_id=parent_id, source=source, branch_from=branch_from)
+    required = required_head(
+        parent_id=parent_id, source=source, branch_from=branch_from, served_head=served_head
+    )
     if required is None or required == head_id or already_stored:
         return
     raise StaleStateError(thread_id, checkpoint_ns, parent_id, head_id)

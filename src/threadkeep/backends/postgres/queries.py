@@ -142,6 +142,19 @@ WHERE tid = %(tid)s AND checkpoint_ns = %(checkpoint_ns)s
 
 THREAD_OWNER = "SELECT owner FROM tk_threads WHERE thread_id = %(thread_id)s"
 
+# The newest checkpoint id of a namespace and how many pending writes it has: what the
+# tiered cache checks an entry whose lease ran out against (docs/tiered.md). Two index
+# probes: the newest key of the namespace, then its writes' keys.
+NEWEST_VERSION = """
+SELECT c.checkpoint_id,
+       (SELECT count(*) FROM tk_writes AS w
+        WHERE w.tid = c.tid AND w.checkpoint_ns = c.checkpoint_ns AND w.checkpoint_id = c.checkpoint_id)
+FROM tk_threads AS t JOIN tk_checkpoints AS c ON c.tid = t.tid
+WHERE t.thread_id = %(thread_id)s AND (%(owner)s::text IS NULL OR t.owner = %(owner)s::text)
+  AND c.checkpoint_ns = %(checkpoint_ns)s
+ORDER BY c.checkpoint_id DESC LIMIT 1
+"""
+
 # The threads (and owners) that hold checkpoints of the given runs.
 RUN_THREADS = """
 SELECT DISTINCT t.thread_id, t.owner

@@ -58,6 +58,7 @@ __all__ = [
     "prune",
     "put",
     "put_writes",
+    "read_leased_state",
     "read_state",
     "record_format",
     "record_of",
@@ -117,7 +118,12 @@ def record_of(step: PutStep) -> bytes:
 
 def _put_args(step: PutStep, ttl_ms: int, known: list[int]) -> list[object]:
     target = step.target
-    required = required_head(parent_id=step.parent_id, source=step.source, branch_from=step.branch_from)
+    required = required_head(
+        parent_id=step.parent_id,
+        source=step.source,
+        branch_from=step.branch_from,
+        served_head=step.served_head,
+    )
     args: list[object] = [
         target.thread_id,
         target.actor.user_id,
@@ -321,17 +327,22 @@ def _load(
     *,
     branch: bool,
     keys: Sequence[str] = (),
-) -> Program[list[tuple[StoredCheckpoint, _Carried] | None]]:
+    lease: bool = False,
+) -> Program[tuple[list[tuple[StoredCheckpoint, _Carried] | None], list[int]]]:
+    """The entries ``wanted`` names; with ``lease`` (a tiered cache entry), also load.lua's
+    lease answer: the Redis time (ms), then 1 or 0 per entry (within its lease or not)."""
     held = b"".join(content.recent_tails(thread_id))
     args: list[object] = [owner or "", held, len(wanted)]
     for ns, checkpoint_id in wanted:
         args += [ns, checkpoint_id]
+    if lease:
+        args.append("lease")
     reply = yield Script("load", keys or space.thread(thread_id), args)
     out: list[tuple[StoredCheckpoint, _Carried] | None] = []
-    for (ns, _), entry in zip(wanted, reply, strict=True):
+    for (ns, _), entry in zip(wanted, reply[: len(wanted)], strict=True):
         _refuse_lost(thread_id, entry)
         out.append(_stored(thread_id, ns, entry, branch) if entry else None)
-    return out
+    return out, [int(value) for value in reply[len(wanted)]] if lease else []
 
 
 def read_state(
@@ -344,7 +355,24 @@ def read_state(
     """The addressed checkpoint (or the newest of its namespace) as stored, with the stored
     form of every message of its lists, in one round trip. Given ``keys`` (a tiered cache
     entry), read those instead of the thread's own."""
-    (found,) = yield from _load(
+    found, _ = yield from _read_state(space, target, content, keys=keys, lease=False)
+    return found
+
+
+def read_leased_state(
+    space: KeySpace, target: Target, content: ContentCache, *, keys: Sequence[str]
+) -> Program[tuple[tuple[StoredCheckpoint, dict[bytes, list[tuple[str, bytes]]]] | None, int, bool]]:
+    """:func:`read_state` of a tiered cache entry (its ``keys``), in the same round trip as
+    its lease: the state (``None``: none), the Redis time of the read (ms), and whether the
+    state is within its lease (docs/tiered.md)."""
+    found, (read_at, valid) = yield from _read_state(space, target, content, keys=keys, lease=True)
+    return found, read_at, bool(valid)
+
+
+def _read_state(
+    space: KeySpace, target: Target, content: ContentCache, *, keys: Sequence[str], lease: bool
+) -> Program[tuple[tuple[StoredCheckpoint, dict[bytes, list[tuple[str, bytes]]]] | None, list[int]]]:
+    (found,), leases = yield from _load(
         space,
         target.thread_id,
         target.actor.owner_filter,
@@ -352,13 +380,14 @@ def read_state(
         content,
         branch=target.checkpoint_id is not None,
         keys=keys,
+        lease=lease,
     )
     if found is None:
-        return None
+        return None, leases
     stored, carried = found
     lists = _resolve(stored, carried, content)
     _remember(stored, carried, content)
-    return stored, lists
+    return (stored, lists), leases
 
 
 def get_tuple(
@@ -416,7 +445,7 @@ def list_page(
                 break
     found: list[CheckpointTuple] = []
     if chosen:
-        loaded = yield from _load(space, thread_id, query.owner, chosen, content, branch=False)
+        loaded, _ = yield from _load(space, thread_id, query.owner, chosen, content, branch=False)
         for item in loaded:
             if item is None:
                 continue

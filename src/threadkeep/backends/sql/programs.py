@@ -231,6 +231,7 @@ def put(q: SqlDialect, step: PutStep) -> Program[RunnableConfig]:
         already_stored=bool(stored),
         source=step.source,
         branch_from=step.branch_from,
+        served_head=step.served_head,
     )
     rows: list[Sql | SqlMany] = []
     for chain, probed in zip(step.chains, results[3:], strict=True):
@@ -334,7 +335,13 @@ def _claimed(q: SqlDialect, step: PutStep, unchanged: Mapping[str, str]) -> tupl
     target = step.target
     if q.claimed_put is None or target.checkpoint_ns != "":
         return ()
-    if required_head(parent_id=step.parent_id, source=step.source, branch_from=step.branch_from) is None:
+    required = required_head(
+        parent_id=step.parent_id,
+        source=step.source,
+        branch_from=step.branch_from,
+        served_head=step.served_head,
+    )
+    if required is None:
         return ()
     if any(len(chain.nodes) - chain.reused > q.PROBE_WIDTH for chain in step.chains):
         return ()

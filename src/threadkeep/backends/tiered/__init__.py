@@ -9,6 +9,7 @@ See ``docs/tiered.md`` for the design, the failure matrix and the tuning knobs.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from threadkeep.backends.postgres import open_postgres_backend
@@ -36,6 +37,7 @@ _OPTIONS = frozenset(
         "cache_prefix",
         "cache_cluster",
         "cache_ttl",
+        "cache_lease",
         "cache_timeout",
         "metrics",
     }
@@ -73,6 +75,11 @@ def open_tiered_backend(
         raise ConfigurationError(
             f"cache_ttl={ttl!r} must be a positive number of seconds", context={"option": "cache_ttl"}
         )
+    lease = extra.get("cache_lease", settings.cache_lease_seconds)
+    if isinstance(lease, bool) or not isinstance(lease, int | float) or not 0 < lease < math.inf:
+        raise ConfigurationError(
+            f"cache_lease={lease!r} must be a positive number of seconds", context={"option": "cache_lease"}
+        )
     timeout = float(extra.get("cache_timeout", 1.0))
     cache_engine = RedisEngine(
         url or "redis://localhost:6379/0",
@@ -95,7 +102,7 @@ def open_tiered_backend(
     metrics = extra.get("metrics") or METRICS
     return TieredBackend(
         durable,
-        StateCache(KeySpace(extra.get("cache_prefix", "tkc")), int(ttl * 1000)),
+        StateCache(KeySpace(extra.get("cache_prefix", "tkc")), int(ttl * 1000), int(lease * 1000)),
         TieredEngine(durable.engine, cache_engine, metrics),
         isolate=isolate,
         metrics=metrics,

@@ -7,9 +7,12 @@ Each operation is a tiered program over the Postgres provider's programs and the
   (``StaleStateError``) clears the thread's entry before it is re-raised (T5); a failed
   durable write never reaches the cache (T2).
 - ``put_writes``: the durable writes; then the entry, if it holds their checkpoint (T6).
-- ``get_tuple`` of the newest state: the cache; on a miss or a cache error, Postgres, and the
-  state read is written to the cache (T3). Reads of history (an explicit checkpoint id,
-  ``list``) go to Postgres.
+- ``get_tuple`` of the newest state: the cache, if the state is within its lease; past it,
+  the state once checked against Postgres's newest (one indexed lookup), which renews the
+  lease; on a miss, a cache error or a state Postgres has moved past, Postgres, and the state
+  read is written to the cache (T3). Reads of history (an explicit checkpoint id, ``list``)
+  go to Postgres. A state the cache served carries :data:`~threadkeep.core.rules.SERVED_KEY`,
+  so a write based on it needs it to still be the head.
 - deletes, copies and prunes: Postgres, then the affected entries are cleared and held for a
   while, so a write under way cannot bring the removed state back (``lua/forget.lua``).
 
@@ -20,6 +23,7 @@ it is the same for everyone.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable, Sequence
 from functools import partial
 from typing import Any
@@ -28,21 +32,41 @@ from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import CheckpointTuple
 from langgraph.checkpoint.serde.base import SerializerProtocol
 
+from threadkeep.backends.postgres import queries
 from threadkeep.backends.redis import programs as redis_programs
 from threadkeep.backends.sql.backend import SqlBackend
-from threadkeep.backends.tiered.cache import StateCache
+from threadkeep.backends.tiered.cache import Loaded, StateCache
 from threadkeep.backends.tiered.engine import UNAVAILABLE, Cached, Durable, TieredEngine
 from threadkeep.core.identity import Actor
 from threadkeep.core.messages import ContentCache, EncodingMemo
-from threadkeep.core.program import Program
-from threadkeep.core.records import ListQuery, PutStep, Target, WritesStep
+from threadkeep.core.program import Program, Sql
+from threadkeep.core.records import ListQuery, PutStep, StoredCheckpoint, Target, WritesStep
 from threadkeep.core.retention import ExpiredThread, Park, SweepPage, ThreadRetention
+from threadkeep.core.rules import SERVED_KEY
 from threadkeep.errors import StaleStateError
 from threadkeep.metrics import CACHE_EVENTS, Metrics
 
 __all__ = ["TieredBackend"]
 
 _SHARED = ""  # the user part of every entry when isolation is off
+
+
+def _wall_ms() -> int:
+    """This host's clock, in ms: where a lease starts when Redis's time is not at hand. The
+    lease's bound holds across hosts whose clocks agree with Redis's (docs/tiered.md)."""
+    return int(time.time() * 1000)
+
+
+def _newest_version(target: Target) -> Program[tuple[str, int] | None]:
+    """Postgres's newest checkpoint id of ``target``'s namespace and its number of pending
+    writes, for the reader ``target`` names; ``None``: none."""
+    params = {
+        "thread_id": target.thread_id,
+        "owner": target.actor.owner_filter,
+        "checkpoint_ns": target.checkpoint_ns,
+    }
+    rows = yield Sql(queries.NEWEST_VERSION, params)
+    return (str(rows[0][0]), int(rows[0][1])) if rows else None
 
 
 class TieredBackend:
@@ -107,6 +131,7 @@ class TieredBackend:
 
     def put(self, step: PutStep) -> Program[RunnableConfig]:
         thread_id, actor = step.target.thread_id, step.target.actor
+        since = _wall_ms()  # before the commit: the state is the head from then until another
         try:
             config: RunnableConfig = yield Durable(lambda: self.durable.put(step), write=True)
         except StaleStateError:
@@ -114,7 +139,7 @@ class TieredBackend:
             raise
         user = yield from self._entry_user(thread_id, actor)
         if user is not None:
-            outcome = yield Cached(lambda: self.cache.store(step, user), "write a state")
+            outcome = yield Cached(lambda: self.cache.store(step, user, since=since), "write a state")
             if outcome == "skipped":
                 self.metrics.inc(CACHE_EVENTS, event="skipped")
             elif outcome is UNAVAILABLE:
@@ -141,22 +166,49 @@ class TieredBackend:
         memo: EncodingMemo | None = None,
     ) -> Program[CheckpointTuple | None]:
         user = self._reader(target.actor) if target.checkpoint_id is None else None
+        since = None  # when the state Postgres answers with was known to be the newest
         if user is not None:
-            hit = yield Cached(lambda: self.cache.load(target, user, serde, content, memo), "read a state")
-            if hit:
-                self.metrics.inc(CACHE_EVENTS, event="hit")
-                return hit  # type: ignore[no-any-return]
-            if hit is None:
-                self.metrics.inc(CACHE_EVENTS, event="miss")
+            loaded = yield Cached(lambda: self.cache.load(target, user, content), "read a state")
+            if isinstance(loaded, Loaded):
+                since = loaded.read_at
+                if loaded.state is None:
+                    self.metrics.inc(CACHE_EVENTS, event="miss")
+                else:
+                    cached, cached_lists = loaded.state
+                    if loaded.valid or (yield from self._confirm(target, user, cached, loaded.read_at)):
+                        self.metrics.inc(CACHE_EVENTS, event="hit")
+                        hit = cached.to_tuple(serde, cached_lists, content, memo)
+                        hit.config["configurable"][SERVED_KEY] = cached.checkpoint_id
+                        return hit
+                    self.metrics.inc(CACHE_EVENTS, event="stale")
+        if since is None:
+            since = _wall_ms()
         found = yield Durable(lambda: self.durable.get_stored(target, content, serde))
         if found is None:
             return None
         stored, lists = found
         if user is not None:
             now = self.clock()
-            seed = partial(self.cache.seed, stored, lists, target.actor, user, now=now, serde=serde)
+            seed = partial(
+                self.cache.seed, stored, lists, target.actor, user, now=now, since=since, serde=serde
+            )
             yield Cached(seed, "seed a state")
         return stored.to_tuple(serde, lists, content, memo)  # type: ignore[no-any-return]
+
+    def _confirm(
+        self, target: Target, user: str, cached: StoredCheckpoint, read_at: int | None
+    ) -> Program[bool]:
+        """Whether ``cached``, an entry's state past its lease, is still Postgres's newest
+        state of the namespace (the same checkpoint, with as many pending writes); if so, its
+        lease is renewed from ``read_at``, the Redis time of the read (before the check)."""
+        newest = yield Durable(lambda: _newest_version(target))
+        if newest != (cached.checkpoint_id, len(cached.writes)):
+            return False
+        if read_at is not None:
+            renew = partial(self.cache.renew, target, user, cached.checkpoint_id, read_at)
+            if (yield Cached(renew, "renew a lease")):
+                self.metrics.inc(CACHE_EVENTS, event="confirmed")
+        return True
 
     def list_page(
         self, query: ListQuery, serde: SerializerProtocol, content: ContentCache

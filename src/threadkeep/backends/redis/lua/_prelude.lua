@@ -43,12 +43,17 @@ local function head_of(ns)
     return string.sub(top[1], #ns + 2)
 end
 
+-- Redis's clock, in ms.
+local function now_ms()
+    local now = redis.call("TIME")
+    return tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+end
+
 -- Sets every key's deadline `ttl_ms` from now, one deadline for all nine (PEXPIRE reads the
 -- clock at each call): keys expiring a moment apart would leave a moment where the thread
 -- looks part lost (lost_part).
 local function expire_all(ttl_ms)
-    local now = redis.call("TIME")
-    local deadline = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000) + ttl_ms
+    local deadline = now_ms() + ttl_ms
     for i = 1, 9 do
         redis.call("PEXPIREAT", KEYS[i], deadline)
     end
@@ -227,3 +232,26 @@ local function namespaces()
     return out
 end
 
+
+-- The tiered cache's validity lease: the entry field "valid\0<ns>" holds the Redis time (ms)
+-- until which the namespace's state may be served without asking Postgres (docs/tiered.md).
+-- A lease runs `lease_ms` from `since_ms`, when the state was known to be the durable head
+-- (a time taken before the Postgres statement that showed it; "": now), and never further
+-- than `lease_ms` from now.
+local function grant_lease(ns, since_ms, lease_ms)
+    local now = now_ms()
+    local valid = math.min(tonumber(since_ms) or now, now) + tonumber(lease_ms)
+    redis.call("HSET", KEYS[1], "valid" .. NUL .. ns, string.format("%d", valid))
+end
+
+-- load.lua's answer to the tiered cache: the Redis time (ms), then for each of the k
+-- namespaces ARGV[2 + 2i] names, 1 if its state is within its lease, else 0.
+local function leases(k)
+    local now = now_ms()
+    local out = {now}
+    for i = 1, k do
+        local valid = tonumber(redis.call("HGET", KEYS[1], "valid" .. NUL .. ARGV[2 + 2 * i]))
+        out[i + 1] = (valid and valid > now) and 1 or 0
+    end
+    return out
+end

@@ -8,7 +8,10 @@
 -- ARGV[8] parent checkpoint id ("" none)
 -- ARGV[9] "1": the state is whole (it replaces the namespace); "0": one step over the parent
 -- ARGV[10] checkpoint record
--- ARGV[11] on: the step rows, laid out as put.lua's
+-- ARGV[11] lease (ms)     ARGV[12] since (ms): when the state was known to be the durable head
+--          (the writer's clock before its Postgres statement; "": now); an applied state is served
+--          without asking Postgres until the lease from then runs out (grant_lease)
+-- ARGV[13] on: the step rows, laid out as put.lua's
 -- Returns {"ok"}; {"skipped", cached version}: the entry holds a newer state (T4), or
 -- {"skipped", "gone"}: the thread's state was removed moments ago (forget.lua); {"full"}:
 -- the entry does not hold the parent, so a step cannot apply: send the whole state; or
@@ -38,13 +41,13 @@ end
 if not whole and not continues and cached ~= version then
     return {"full"}
 end
-local missing = missing_prefix(11)
+local missing = missing_prefix(13)
 if missing then
     return {"resend", missing}
 end
 
 own(ARGV[1], ARGV[2], ARGV[3])
-store_step(11, ns, checkpoint_id, ARGV[10])
+store_step(13, ns, checkpoint_id, ARGV[10])
 if whole then
     -- The state replaces the namespace. Its own pending writes stay: the same state seeded
     -- again (an equal version) must not lose the writes stored with it (T6).
@@ -54,5 +57,6 @@ else
 end
 drop_writes_before(ns, checkpoint_id)
 redis.call("HSET", KEYS[1], field, version)
+grant_lease(ns, ARGV[12], ARGV[11])
 touch(ARGV[4])
 return {"ok"}

@@ -11,27 +11,36 @@
 --   concatenated; 16 NULs where the chain broke, whose messages are empty); or, every entry, {"\0lost", what}: Redis
 --   evicted part of the thread (lost_part, _prelude.lua). The owner is checked first: a
 --   thread that lost its owner is no user's to read (an operator's read says it is lost).
+-- ARGV[4 + 2k] "lease" (the tiered cache): one more element after the k entries, the
+--   Redis time and whether each state is within its lease (leases, _prelude.lua).
+local k = tonumber(ARGV[3])
+local function answer(entries)
+    if ARGV[4 + 2 * k] == "lease" then
+        entries[k + 1] = leases(k)
+    end
+    return entries
+end
 if ARGV[1] ~= "" and redis.call("HGET", KEYS[1], "owner") ~= ARGV[1] then
     local empty = {}
-    for i = 1, tonumber(ARGV[3]) do
+    for i = 1, k do
         empty[i] = {}
     end
-    return empty
+    return answer(empty)
 end
 local lost = lost_part()
 if lost then
     local entries = {}
-    for i = 1, tonumber(ARGV[3]) do
+    for i = 1, k do
         entries[i] = {NUL .. "lost", "the thread lost " .. lost}
     end
-    return entries
+    return answer(entries)
 end
 local held = {}
 for i = 1, #ARGV[2], 16 do
     held[string.sub(ARGV[2], i, i + 15)] = true
 end
 local out = {}
-for i = 1, tonumber(ARGV[3]) do
+for i = 1, k do
     local ns, checkpoint_id = ARGV[2 + 2 * i], ARGV[3 + 2 * i]
     if checkpoint_id == "" then
         checkpoint_id = head_of(ns)
@@ -113,4 +122,4 @@ for i = 1, tonumber(ARGV[3]) do
         out[i] = entry
     end
 end
-return out
+return answer(out)
