@@ -39,7 +39,7 @@ from threadkeep.core.messages import (
     parse_chain_ref,
     split_digests,
 )
-from threadkeep.core.rules import BRANCH_KEY
+from threadkeep.core.rules import named_checkpoint
 from threadkeep.errors import CheckpointSerializationError
 
 __all__ = [
@@ -143,7 +143,7 @@ class PutStep:
     checkpoint_id: str
     run_id: str | None
     source: object
-    branch_from: str | None
+    named: str | None  # the checkpoint the run's caller named (rules.named_checkpoint)
     checkpoint: bytes
     metadata: bytes
     versions: tuple[tuple[str, str], ...]  # (channel, version key) of every channel it holds
@@ -210,7 +210,6 @@ def prepare_put(
 ) -> PutStep:
     """Encode a ``put``: the changed channels, their message chains, the checkpoint."""
     target = target_of(config, isolate=isolate)
-    configurable = config.get("configurable") or {}
     values = checkpoint["channel_values"]
     blobs: list[BlobRow] = []
     chains: list[MessageChain] = []
@@ -243,7 +242,7 @@ def prepare_put(
         checkpoint_id=checkpoint["id"],
         run_id=None if run_id is None else str(run_id),
         source=stored_metadata.get("source"),
-        branch_from=configurable.get(BRANCH_KEY),
+        named=named_checkpoint(config),
         checkpoint=_encode_structure(structure, "checkpoint"),
         metadata=_encode_structure(stored_metadata, "metadata"),
         versions=versions,
@@ -437,20 +436,14 @@ def assemble(
     metadata: Mapping[str, Any],
     channel_values: dict[str, Any],
     pending_writes: Iterable[tuple[str, str, Any]],
-    branch: bool,
 ) -> CheckpointTuple:
-    """Build the ``CheckpointTuple`` LangGraph expects from decoded parts.
-
-    ``branch`` marks a checkpoint that was addressed by id and is not the head: a run that
-    starts from it is time travel and may branch (see :mod:`threadkeep.core.rules`).
-    """
+    """Build the ``CheckpointTuple`` LangGraph expects from decoded parts: its configs hold
+    what LangGraph's savers' hold, nothing more."""
     configurable: dict[str, Any] = {
         "thread_id": thread_id,
         "checkpoint_ns": checkpoint_ns,
         "checkpoint_id": checkpoint_id,
     }
-    if branch:
-        configurable[BRANCH_KEY] = checkpoint_id
     # A structure written before ids were left out of it holds the same id.
     checkpoint: Checkpoint = {**structure, "id": checkpoint_id, "channel_values": channel_values}  # type: ignore[typeddict-item]
     parent: RunnableConfig | None = None
@@ -487,7 +480,6 @@ class StoredCheckpoint:
 
     thread_id: str
     checkpoint_ns: str
-    branch: bool
     checkpoint_id: str = ""
     parent_id: str | None = None
     structure: dict[str, Any] = field(default_factory=dict)
@@ -541,7 +533,7 @@ class StoredCheckpoint:
             checkpoint_id=self.checkpoint_id,
             run_id=None if run_id is None else str(run_id),
             source=self.metadata.get("source"),
-            branch_from=None,
+            named=None,
             checkpoint=_encode_structure(self.structure, "checkpoint"),
             metadata=_encode_structure(self.metadata, "metadata"),
             versions=tuple(versions.items()),
@@ -620,7 +612,6 @@ class StoredCheckpoint:
                 (task_id, channel, self._write_value(serde, vtype, value, channel))
                 for _, task_id, _, channel, vtype, value in sorted(self.writes, key=lambda w: w[:3])
             ],
-            branch=self.branch,
         )
 
 

@@ -117,7 +117,9 @@ def record_of(step: PutStep) -> bytes:
 
 def _put_args(step: PutStep, ttl_ms: int, known: list[int]) -> list[object]:
     target = step.target
-    required = required_head(parent_id=step.parent_id, source=step.source, branch_from=step.branch_from)
+    required = required_head(
+        checkpoint_ns=target.checkpoint_ns, parent_id=step.parent_id, source=step.source, named=step.named
+    )
     args: list[object] = [
         target.thread_id,
         target.actor.user_id,
@@ -233,14 +235,13 @@ def put_writes(space: KeySpace, step: WritesStep, ttl_ms: int, *, keys: Sequence
 # --- reads -------------------------------------------------------------------------------
 
 
-def _stored(thread_id: str, ns: str, entry: list[Any], branch: bool) -> tuple[StoredCheckpoint, _Carried]:
+def _stored(thread_id: str, ns: str, entry: list[Any]) -> tuple[StoredCheckpoint, _Carried]:
     """Decode one entry of load.lua's reply; returns it and the message lists it carried."""
     checkpoint_id, record_bytes, blobs, writes, *lists = entry
     record = orjson.loads(record_bytes)
     stored = StoredCheckpoint(
         thread_id=thread_id,
         checkpoint_ns=ns,
-        branch=branch,
         checkpoint_id=checkpoint_id.decode(),
         parent_id=record["p"],
         structure=decode_structure(record["c"], "checkpoint"),
@@ -319,7 +320,6 @@ def _load(
     wanted: Sequence[tuple[str, str]],
     content: ContentCache,
     *,
-    branch: bool,
     keys: Sequence[str] = (),
 ) -> Program[list[tuple[StoredCheckpoint, _Carried] | None]]:
     held = b"".join(content.recent_tails(thread_id))
@@ -330,7 +330,7 @@ def _load(
     out: list[tuple[StoredCheckpoint, _Carried] | None] = []
     for (ns, _), entry in zip(wanted, reply, strict=True):
         _refuse_lost(thread_id, entry)
-        out.append(_stored(thread_id, ns, entry, branch) if entry else None)
+        out.append(_stored(thread_id, ns, entry) if entry else None)
     return out
 
 
@@ -350,7 +350,6 @@ def read_state(
         target.actor.owner_filter,
         [(target.checkpoint_ns, target.checkpoint_id or "")],
         content,
-        branch=target.checkpoint_id is not None,
         keys=keys,
     )
     if found is None:
@@ -416,7 +415,7 @@ def list_page(
                 break
     found: list[CheckpointTuple] = []
     if chosen:
-        loaded = yield from _load(space, thread_id, query.owner, chosen, content, branch=False)
+        loaded = yield from _load(space, thread_id, query.owner, chosen, content)
         for item in loaded:
             if item is None:
                 continue
