@@ -1,7 +1,8 @@
 """SPEC W2: time travel and forks branch in every namespace, stateful subgraphs included.
 
 Each graph keeps state in stateful subgraphs (``checkpointer=True``): a subgraph node, a
-subgraph called in a loop, two subgraph nodes in parallel, three nested levels. A thread runs
+subgraph node the graph loops through, a subgraph a node calls in a loop, two subgraph nodes
+in parallel, three nested levels. A thread runs
 three times, then replays a checkpoint of its second run, forks it with ``update_state``,
 runs new input from it, and continues from the head. Every answer, and every namespace's
 history, must be LangGraph's ``InMemorySaver``'s on the same graph; racing runs that meet in
@@ -109,6 +110,31 @@ def subgraph_in_a_loop(checkpointer: Any) -> Any:
     return builder.compile(checkpointer=checkpointer)
 
 
+def subgraph_called_in_a_loop(checkpointer: Any) -> Any:
+    """A node that calls one stateful subgraph once per item (namespaces ``call``,
+    ``call|1``)."""
+    sub = remembering("called")
+
+    def call(state: Outer) -> dict[str, Any]:
+        return {
+            "notes": [n for i in range(2) for n in sub.invoke({"topic": f"{state['topic']}.{i}"})["notes"]]
+        }
+
+    async def acall(state: Outer) -> dict[str, Any]:
+        notes: list[str] = []
+        for i in range(2):
+            notes += (await sub.ainvoke({"topic": f"{state['topic']}.{i}"}))["notes"]
+        return {"notes": notes}
+
+    builder = StateGraph(Outer)
+    builder.add_node("plan", plan)
+    builder.add_node("call", RunnableLambda(call, acall))
+    builder.add_edge(START, "plan")
+    builder.add_edge("plan", "call")
+    builder.add_edge("call", END)
+    return builder.compile(checkpointer=checkpointer)
+
+
 def parallel_subgraphs(checkpointer: Any) -> Any:
     def join(state: Outer) -> dict[str, Any]:
         return {"notes": [f"join:{len(state['notes'])}"]}
@@ -139,6 +165,7 @@ def nested_subgraphs(checkpointer: Any) -> Any:
 GRAPHS: dict[str, Callable[[Any], Any]] = {
     "subgraph-node": subgraph_node,
     "subgraph-in-a-loop": subgraph_in_a_loop,
+    "subgraph-called-in-a-loop": subgraph_called_in_a_loop,
     "parallel-subgraphs": parallel_subgraphs,
     "three-levels": nested_subgraphs,
 }
