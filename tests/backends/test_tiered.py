@@ -19,7 +19,7 @@ from tests.providers import REDIS_URL, postgres_schema, stored_checkpoint_ids, t
 from tests.servers import RedisServer
 from threadkeep import Settings, StaleStateError, open_checkpointer
 from threadkeep.backends.tiered.cache import NO_VERSION, REMOVED_HOLD_MS
-from threadkeep.core.rules import SERVED_KEY, required_head
+from threadkeep.core.rules import required_head
 from threadkeep.metrics import CACHE_EVENTS, Metrics
 from threadkeep.workload import MESSAGES_PER_TURN, build_agent, turn_input
 
@@ -471,21 +471,26 @@ def test_t7_a_steps_cache_write_does_not_resend_the_history(tiered: Tiered) -> N
 
 
 def test_w2_a_put_on_a_state_the_cache_served_needs_it_to_still_be_the_head() -> None:
+    def required(parent: str, source: str, named: str | None, served: str | None) -> str | None:
+        return required_head(
+            checkpoint_ns="", parent_id=parent, source=source, named=named, served_head=served
+        )
+
     for source in ("loop", "update", "fork"):
-        assert required_head(parent_id="b", source=source, branch_from=None, served_head="b") == "b"
+        assert required("b", source, None, "b") == "b"
     # Read from Postgres, an update branches from any checkpoint, as on every provider ...
-    assert required_head(parent_id="b", source="update", branch_from=None, served_head=None) is None
-    # ... and so does time travel to an addressed checkpoint, whatever config it came from.
-    assert required_head(parent_id="b", source="update", branch_from="b", served_head="b") is None
-    # The marker speaks only of the state it was served with.
-    assert required_head(parent_id="c", source="update", branch_from=None, served_head="b") is None
+    assert required("b", "update", None, None) is None
+    # ... and so does time travel to a checkpoint the run's caller named.
+    assert required("b", "update", "b", "b") is None
+    # What the cache served speaks only of that state.
+    assert required("c", "update", None, "b") is None
 
 
 def test_w2_time_travel_from_a_config_the_cache_served_still_branches(tiered: Tiered) -> None:
     graph = build_agent(tiered.saver)
     graph.invoke(turn_input(0), cfg("travel"))
     earlier = graph.get_state(cfg("travel")).config  # served by the cache
-    assert earlier["configurable"][SERVED_KEY] == earlier["configurable"]["checkpoint_id"]
+    assert not [key for key in earlier["configurable"] if "threadkeep" in key]  # nothing of ours
     graph.invoke(turn_input(1), cfg("travel"))
     forked = graph.update_state(earlier, {"messages": []}, as_node="agent")
     fork = tiered.saver.get_tuple(forked)

@@ -40,7 +40,7 @@ from threadkeep.core.messages import (
     parse_chain_ref,
     split_digests,
 )
-from threadkeep.core.rules import BRANCH_KEY, SERVED_KEY
+from threadkeep.core.rules import named_checkpoint
 from threadkeep.errors import CheckpointSerializationError
 
 __all__ = [
@@ -146,7 +146,7 @@ class PutStep:
     checkpoint_id: str
     run_id: str | None
     source: object
-    branch_from: str | None
+    named: str | None  # the checkpoint the run's caller named (rules.named_checkpoint)
     checkpoint: bytes
     metadata: bytes
     versions: tuple[tuple[str, str], ...]  # (channel, version key) of every channel it holds
@@ -164,8 +164,8 @@ class PutStep:
     encode: Callable[[str], tuple[BlobRow, MessageChain | None] | None] | None = field(
         default=None, compare=False, repr=False
     )
-    # The parent, if a cache served it as the newest state (SERVED_KEY): it must still be the
-    # head (threadkeep.core.rules.required_head).
+    # The parent, if a cache served it as the newest state (the tiered backend sets it): it
+    # must still be the head (threadkeep.core.rules.required_head).
     served_head: str | None = None
 
     @property
@@ -220,7 +220,6 @@ def prepare_put(
     stored_metadata = get_serializable_checkpoint_metadata(config, metadata)
     run_id = stored_metadata.get("run_id")
     run_id = None if run_id is None else checked_id(str(run_id), "run_id")
-    configurable = config.get("configurable") or {}
     values = checkpoint["channel_values"]
     blobs: list[BlobRow] = []
     chains: list[MessageChain] = []
@@ -251,7 +250,7 @@ def prepare_put(
         checkpoint_id=checkpoint_id,
         run_id=run_id,
         source=stored_metadata.get("source"),
-        branch_from=configurable.get(BRANCH_KEY),
+        named=named_checkpoint(config),
         checkpoint=_encode_structure(structure, "checkpoint"),
         metadata=_encode_structure(stored_metadata, "metadata"),
         versions=versions,
@@ -261,7 +260,6 @@ def prepare_put(
         history_limit=history_limit,
         whole=whole,
         encode=partial(_encode_current, checkpoint=checkpoint, serde=serde, memo=memo, target=target),
-        served_head=configurable.get(SERVED_KEY),
     )
 
 
@@ -447,20 +445,14 @@ def assemble(
     metadata: Mapping[str, Any],
     channel_values: dict[str, Any],
     pending_writes: Iterable[tuple[str, str, Any]],
-    branch: bool,
 ) -> CheckpointTuple:
-    """Build the ``CheckpointTuple`` LangGraph expects from decoded parts.
-
-    ``branch`` marks a checkpoint that was addressed by id and is not the head: a run that
-    starts from it is time travel and may branch (see :mod:`threadkeep.core.rules`).
-    """
+    """Build the ``CheckpointTuple`` LangGraph expects from decoded parts: its configs hold
+    what LangGraph's savers' hold, nothing more."""
     configurable: dict[str, Any] = {
         "thread_id": thread_id,
         "checkpoint_ns": checkpoint_ns,
         "checkpoint_id": checkpoint_id,
     }
-    if branch:
-        configurable[BRANCH_KEY] = checkpoint_id
     # A structure written before ids were left out of it holds the same id.
     checkpoint: Checkpoint = {**structure, "id": checkpoint_id, "channel_values": channel_values}  # type: ignore[typeddict-item]
     parent: RunnableConfig | None = None
@@ -497,7 +489,6 @@ class StoredCheckpoint:
 
     thread_id: str
     checkpoint_ns: str
-    branch: bool
     checkpoint_id: str = ""
     parent_id: str | None = None
     structure: dict[str, Any] = field(default_factory=dict)
@@ -551,7 +542,7 @@ class StoredCheckpoint:
             checkpoint_id=self.checkpoint_id,
             run_id=None if run_id is None else str(run_id),
             source=self.metadata.get("source"),
-            branch_from=None,
+            named=None,
             checkpoint=_encode_structure(self.structure, "checkpoint"),
             metadata=_encode_structure(self.metadata, "metadata"),
             versions=tuple(versions.items()),
@@ -630,7 +621,6 @@ class StoredCheckpoint:
                 (task_id, channel, self._write_value(serde, vtype, value, channel))
                 for _, task_id, _, channel, vtype, value in sorted(self.writes, key=lambda w: w[:3])
             ],
-            branch=self.branch,
         )
 
 

@@ -7,57 +7,78 @@ continues from (its parent). It may proceed when:
 * it stores a checkpoint id already stored (a retried put whose first attempt committed),
 * it names no parent (a new root: LangGraph's first put on a thread),
 * it is an explicit branch: ``update_state`` (source ``update``), a replay fork (source
-  ``fork``), or a run that was started from an addressed older checkpoint (time travel),
-  which :data:`BRANCH_KEY` marks on the config ``get_tuple`` hands the run. An
-  ``update_state`` or fork whose parent a cache served as the newest state
-  (:data:`SERVED_KEY`) is not one: the cache may have served it late, so the put needs it
-  to still be the head, as a step does.
+  ``fork``), or a put of a run its caller started from a checkpoint it named (time travel,
+  a fork, a resume at an older checkpoint): see :func:`named_checkpoint`. An
+  ``update_state`` or fork whose parent the tiered cache served as the newest state
+  (``served_head``) is not one: the cache may have served it late, so the put needs it to
+  still be the head, as a step does.
 
 Anything else continues a thread that moved on: :class:`~threadkeep.errors.StaleStateError`.
+
+A run that names a checkpoint branches from it in its own namespace and, below it, in every
+subgraph's namespace, where LangGraph continues from the checkpoint each subgraph held at
+that point: one the named checkpoint or older than it (checkpoint ids sort by time). Nothing
+of this is added to the configs, metadata or values LangGraph returns: the saver reads it
+from the config LangGraph hands ``put``.
 """
 
 from __future__ import annotations
 
-from typing import Final
+from collections.abc import Mapping
+from typing import Any, Final
 
 from threadkeep.core.identity import Actor
 from threadkeep.errors import StaleStateError, StorageForbiddenError
 
 __all__ = [
-    "BRANCH_KEY",
     "BRANCH_SOURCES",
-    "SERVED_KEY",
     "check_head",
     "check_owner",
+    "named_checkpoint",
     "required_head",
     "required_owner",
 ]
 
-# Carried by the config get_tuple returns for an addressed checkpoint; LangGraph merges that
-# config into every later put of the run. The "__" prefix keeps it out of stored metadata.
-BRANCH_KEY: Final = "__threadkeep_branch_from"
 BRANCH_SOURCES: Final = frozenset({"update", "fork"})
-# Carried by the config of a state the tiered cache served as the newest (its checkpoint
-# id): a write based on it, a branch too, needs it to still be the head, so that a state the
-# cache served late never becomes the parent of a branch beside the true head.
-SERVED_KEY: Final = "__threadkeep_served_head"
+
+
+def named_checkpoint(config: Mapping[str, Any]) -> str | None:
+    """The checkpoint the caller of the run that puts with ``config`` named, if any.
+
+    LangGraph copies the ``checkpoint_id`` its caller passed into the run's config
+    ``metadata`` (for tracing), keeps it there for every subgraph the run calls, and hands
+    that config to each ``put``; the ``configurable`` ``checkpoint_id`` of a put is only its
+    parent. A put called outside a run (no ``metadata``) names none.
+    """
+    metadata = config.get("metadata")
+    named = metadata.get("checkpoint_id") if isinstance(metadata, Mapping) else None
+    return named if isinstance(named, str) and named else None
 
 
 def required_head(
-    *, parent_id: str | None, source: object, branch_from: str | None, served_head: str | None = None
+    *,
+    checkpoint_ns: str,
+    parent_id: str | None,
+    source: object,
+    named: str | None,
+    served_head: str | None = None,
 ) -> str | None:
     """The head a put must find to proceed, or ``None`` when any head will do.
 
     A new root (no parent) and an explicit branch need no particular head; a step that
     continues the thread needs its parent to still be the head, and so does an
-    ``update_state`` or a fork whose parent a cache served as the head (``served_head``),
-    unless that parent was then addressed by id (time travel: ``branch_from``).
+    ``update_state`` or a fork whose parent a cache served as the newest state
+    (``served_head``), unless the run's caller named that parent. A run whose caller named
+    checkpoint ``named`` branches from it, and in a subgraph's namespace from the checkpoint
+    the subgraph held then: ``named`` or an older one.
     """
-    if parent_id is None or branch_from == parent_id:
+    if parent_id is None or (named is not None and parent_id == named):
         return None
     if parent_id == served_head:
         return parent_id
     if source in BRANCH_SOURCES:
+        return None
+    if named is not None and checkpoint_ns != "" and parent_id < named:
         return None
     return parent_id
 
@@ -71,7 +92,7 @@ def check_head(
     head_id: str | None,
     already_stored: bool,
     source: object,
-    branch_from: str | None,
+    named: str | None,
     served_head: str | None = None,
 ) -> None:
     """Refuse a put that continues a thread whose head moved on.
@@ -84,7 +105,7 @@ def check_head(
         StaleStateError: naming the thread, the expected and the current head.
     """
     required = required_head(
-        parent_id=parent_id, source=source, branch_from=branch_from, served_head=served_head
+        checkpoint_ns=checkpoint_ns, parent_id=parent_id, source=source, named=named, served_head=served_head
     )
     if required is None or required == head_id or already_stored:
         return

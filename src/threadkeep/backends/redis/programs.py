@@ -119,9 +119,10 @@ def record_of(step: PutStep) -> bytes:
 def _put_args(step: PutStep, ttl_ms: int, known: list[int]) -> list[object]:
     target = step.target
     required = required_head(
+        checkpoint_ns=target.checkpoint_ns,
         parent_id=step.parent_id,
         source=step.source,
-        branch_from=step.branch_from,
+        named=step.named,
         served_head=step.served_head,
     )
     args: list[object] = [
@@ -239,14 +240,13 @@ def put_writes(space: KeySpace, step: WritesStep, ttl_ms: int, *, keys: Sequence
 # --- reads -------------------------------------------------------------------------------
 
 
-def _stored(thread_id: str, ns: str, entry: list[Any], branch: bool) -> tuple[StoredCheckpoint, _Carried]:
+def _stored(thread_id: str, ns: str, entry: list[Any]) -> tuple[StoredCheckpoint, _Carried]:
     """Decode one entry of load.lua's reply; returns it and the message lists it carried."""
     checkpoint_id, record_bytes, blobs, writes, *lists = entry
     record = orjson.loads(record_bytes)
     stored = StoredCheckpoint(
         thread_id=thread_id,
         checkpoint_ns=ns,
-        branch=branch,
         checkpoint_id=checkpoint_id.decode(),
         parent_id=record["p"],
         structure=decode_structure(record["c"], "checkpoint"),
@@ -325,7 +325,6 @@ def _load(
     wanted: Sequence[tuple[str, str]],
     content: ContentCache,
     *,
-    branch: bool,
     keys: Sequence[str] = (),
     lease: bool = False,
 ) -> Program[tuple[list[tuple[StoredCheckpoint, _Carried] | None], list[int]]]:
@@ -341,7 +340,7 @@ def _load(
     out: list[tuple[StoredCheckpoint, _Carried] | None] = []
     for (ns, _), entry in zip(wanted, reply[: len(wanted)], strict=True):
         _refuse_lost(thread_id, entry)
-        out.append(_stored(thread_id, ns, entry, branch) if entry else None)
+        out.append(_stored(thread_id, ns, entry) if entry else None)
     return out, [int(value) for value in reply[len(wanted)]] if lease else []
 
 
@@ -378,7 +377,6 @@ def _read_state(
         target.actor.owner_filter,
         [(target.checkpoint_ns, target.checkpoint_id or "")],
         content,
-        branch=target.checkpoint_id is not None,
         keys=keys,
         lease=lease,
     )
@@ -445,7 +443,7 @@ def list_page(
                 break
     found: list[CheckpointTuple] = []
     if chosen:
-        loaded, _ = yield from _load(space, thread_id, query.owner, chosen, content, branch=False)
+        loaded, _ = yield from _load(space, thread_id, query.owner, chosen, content)
         for item in loaded:
             if item is None:
                 continue

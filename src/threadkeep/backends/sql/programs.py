@@ -230,7 +230,7 @@ def put(q: SqlDialect, step: PutStep) -> Program[RunnableConfig]:
         head_id=head_id,
         already_stored=bool(stored),
         source=step.source,
-        branch_from=step.branch_from,
+        named=step.named,
         served_head=step.served_head,
     )
     rows: list[Sql | SqlMany] = []
@@ -336,9 +336,10 @@ def _claimed(q: SqlDialect, step: PutStep, unchanged: Mapping[str, str]) -> tupl
     if q.claimed_put is None or target.checkpoint_ns != "":
         return ()
     required = required_head(
+        checkpoint_ns=target.checkpoint_ns,
         parent_id=step.parent_id,
         source=step.source,
-        branch_from=step.branch_from,
+        named=step.named,
         served_head=step.served_head,
     )
     if required is None:
@@ -560,11 +561,11 @@ _TAIL_COLUMN: Final = 12
 
 
 def _stored(
-    thread_id: str, checkpoint_ns: str, rows: list[Any], *, branch: bool
+    thread_id: str, checkpoint_ns: str, rows: list[Any]
 ) -> tuple[StoredCheckpoint, dict[bytes, list[Any]]]:
     """The rows of one SELECT_STATE statement: a checkpoint, its values and pending writes,
     and the rows of the messages the statement walked, by list tail (``_STATE_COLUMNS``)."""
-    stored = StoredCheckpoint(thread_id=thread_id, checkpoint_ns=checkpoint_ns, branch=branch)
+    stored = StoredCheckpoint(thread_id=thread_id, checkpoint_ns=checkpoint_ns)
     walked: dict[bytes, list[Any]] = {}
     for row in rows:
         if row[0] == 3:  # most rows: a message of a list, placed by _walked_list
@@ -797,9 +798,7 @@ def get_stored(
     rows = yield Sql(sql, params, early)
     if not rows:
         return None
-    state, walked = _stored(
-        target.thread_id, target.checkpoint_ns, rows, branch=target.checkpoint_id is not None
-    )
+    state, walked = _stored(target.thread_id, target.checkpoint_ns, rows)
     lists = yield from _message_lists(q, content, [state], walked)
     if early is not None:
         for tail, count in state.chains():
@@ -880,7 +879,7 @@ def list_page(
             )
         )
     states = [
-        _stored(thread_id, ns, state_rows, branch=False)[0]
+        _stored(thread_id, ns, state_rows)[0]
         for (thread_id, ns, _), state_rows in zip(chosen, results, strict=True)
         if state_rows  # deleted between the two statements of another page: skip it
     ]

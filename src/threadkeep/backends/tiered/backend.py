@@ -11,8 +11,9 @@ Each operation is a tiered program over the Postgres provider's programs and the
   the state once checked against Postgres's newest (one indexed lookup), which renews the
   lease; on a miss, a cache error or a state Postgres has moved past, Postgres, and the state
   read is written to the cache (T3). Reads of history (an explicit checkpoint id, ``list``)
-  go to Postgres. A state the cache served carries :data:`~threadkeep.core.rules.SERVED_KEY`,
-  so a write based on it needs it to still be the head.
+  go to Postgres. The backend remembers which state the cache served as the newest of each
+  thread (:class:`_Served`), so a write based on it, a branch too, needs it to still be the
+  head (nothing of this goes into the configs LangGraph sees).
 - deletes, copies and prunes: Postgres, then the affected entries are cleared and held for a
   while, so a write under way cannot bring the removed state back (``lua/forget.lua``).
 
@@ -23,7 +24,10 @@ it is the same for everyone.
 
 from __future__ import annotations
 
+import dataclasses
+import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from functools import partial
 from typing import Any
@@ -42,13 +46,45 @@ from threadkeep.core.messages import ContentCache, EncodingMemo
 from threadkeep.core.program import Program, Sql
 from threadkeep.core.records import ListQuery, PutStep, StoredCheckpoint, Target, WritesStep
 from threadkeep.core.retention import ExpiredThread, Park, SweepPage, ThreadRetention
-from threadkeep.core.rules import SERVED_KEY
 from threadkeep.errors import StaleStateError
 from threadkeep.metrics import CACHE_EVENTS, Metrics
 
 __all__ = ["TieredBackend"]
 
 _SHARED = ""  # the user part of every entry when isolation is off
+
+
+class _Served:
+    """The checkpoint the cache last served as the newest state of each (thread, namespace,
+    entry user), for this process's most recent 10,000 threads.
+
+    A put whose parent is such a state needs it to still be the head (SPEC W2, T4): the cache
+    may have served it past a newer state another writer committed, and an ``update_state``
+    or fork built on it would otherwise branch beside the true head. LangGraph's own read
+    before ``update_state`` is the newest-state read this records; a read of a checkpoint by
+    id (time travel) goes to Postgres and is not recorded.
+    """
+
+    LIMIT = 10_000
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._heads: OrderedDict[tuple[str, str, str], str] = OrderedDict()
+
+    def record(self, key: tuple[str, str, str], checkpoint_id: str) -> None:
+        with self._lock:
+            self._heads[key] = checkpoint_id
+            self._heads.move_to_end(key)
+            if len(self._heads) > self.LIMIT:
+                self._heads.popitem(last=False)
+
+    def forget(self, key: tuple[str, str, str]) -> None:
+        with self._lock:
+            self._heads.pop(key, None)
+
+    def get(self, key: tuple[str, str, str]) -> str | None:
+        with self._lock:
+            return self._heads.get(key)
 
 
 def _wall_ms() -> int:
@@ -100,6 +136,7 @@ class TieredBackend:
         self.isolate = isolate
         self.metrics = metrics
         self.clock = clock
+        self.served = _Served()
 
     # whose entry ---------------------------------------------------------------------------
 
@@ -131,6 +168,9 @@ class TieredBackend:
 
     def put(self, step: PutStep) -> Program[RunnableConfig]:
         thread_id, actor = step.target.thread_id, step.target.actor
+        served = self.served.get((thread_id, step.target.checkpoint_ns, self._reader(actor) or _SHARED))
+        if served is not None and served == step.parent_id:
+            step = dataclasses.replace(step, served_head=served)
         since = _wall_ms()  # before the commit: the state is the head from then until another
         try:
             config: RunnableConfig = yield Durable(lambda: self.durable.put(step), write=True)
@@ -177,9 +217,10 @@ class TieredBackend:
                     cached, cached_lists = loaded.state
                     if loaded.valid or (yield from self._confirm(target, user, cached, loaded.read_at)):
                         self.metrics.inc(CACHE_EVENTS, event="hit")
-                        hit = cached.to_tuple(serde, cached_lists, content, memo)
-                        hit.config["configurable"][SERVED_KEY] = cached.checkpoint_id
-                        return hit
+                        self.served.record(
+                            (target.thread_id, target.checkpoint_ns, user), cached.checkpoint_id
+                        )
+                        return cached.to_tuple(serde, cached_lists, content, memo)
                     self.metrics.inc(CACHE_EVENTS, event="stale")
         if since is None:
             since = _wall_ms()
