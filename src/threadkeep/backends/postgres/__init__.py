@@ -1,42 +1,28 @@
 """The Postgres provider: the shared SQL programs on psycopg 3 pools, sync and async.
 
-psycopg is imported when a Postgres saver is first built, so a deployment on another
-provider never needs it (``pip install 'threadkeep[postgres]'``).
+Importing it imports psycopg (``pip install 'threadkeep[postgres]'``): the provider table
+imports it when the postgres (or tiered) provider is first chosen.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from threadkeep.backends.postgres import queries
+from threadkeep.backends.postgres.engine import PlannedOnce, PoolOptions, PostgresEngine, is_connection_error
 from threadkeep.backends.sql.backend import SqlBackend, load_migrations
 from threadkeep.core.retry import RetryPolicy
-from threadkeep.errors import MissingExtraError
-from threadkeep.providers import FACTS, SaverOptions, register_provider, saver_kwargs
+from threadkeep.providers import FACTS, Provider, SaverOptions, saver_kwargs
 from threadkeep.saver import ThreadkeepSaver
 from threadkeep.settings import Settings
 
-if TYPE_CHECKING:
-    from threadkeep.backends.postgres.engine import PostgresEngine
-
-__all__ = ["build_postgres", "open_postgres_backend"]
+__all__ = ["POSTGRES_PROVIDER", "build_postgres", "open_postgres_backend"]
 
 _MIGRATIONS = load_migrations(__name__)
 _OPTIONS = frozenset({"pool", "async_pool", "prepare_threshold", "min_size", "max_size"})
 
 
 def _engine(settings: Settings, **options: Any) -> PostgresEngine:
-    try:
-        from threadkeep.backends.postgres.engine import (
-            PlannedOnce,
-            PoolOptions,
-            PostgresEngine,
-            is_connection_error,
-        )
-        from threadkeep.backends.postgres.queries import PLANNED_ONCE, PLANNED_ONCE_SETTINGS
-    except ImportError as exc:  # pragma: no cover - exercised only without the extra
-        raise MissingExtraError(
-            "the postgres provider needs psycopg 3 and psycopg-pool: pip install 'threadkeep[postgres]'"
-        ) from exc
     pool, async_pool = options.get("pool"), options.get("async_pool")
     conninfo = settings.postgres_dsn()
     if not conninfo and pool is not None:
@@ -61,15 +47,13 @@ def _engine(settings: Settings, **options: Any) -> PostgresEngine:
         ),
         pool=pool,
         async_pool=async_pool,
-        planned_once=PlannedOnce(PLANNED_ONCE, PLANNED_ONCE_SETTINGS),
+        planned_once=PlannedOnce(queries.PLANNED_ONCE, queries.PLANNED_ONCE_SETTINGS),
         shared_flush=options.get("shared_flush", True),
     )
 
 
 def open_postgres_backend(settings: Settings, *, gate: bool = True, **options: Any) -> SqlBackend:
     """Open the Postgres store the settings name; with ``gate``, check and migrate it."""
-    from threadkeep.backends.postgres import queries
-
     engine = _engine(settings, **options)
     backend = SqlBackend(engine, queries, _MIGRATIONS)
     if gate:
@@ -90,4 +74,4 @@ def _postgres_admin(settings: Settings) -> SqlBackend:
     return open_postgres_backend(settings, gate=False)
 
 
-register_provider("postgres", build_postgres, _postgres_admin, _OPTIONS)
+POSTGRES_PROVIDER = Provider(build_postgres, _postgres_admin, _OPTIONS)
