@@ -12,6 +12,7 @@ from threadkeep.backends.postgres import queries
 from threadkeep.backends.postgres.engine import PlannedOnce, PoolOptions, PostgresEngine, is_connection_error
 from threadkeep.backends.sql.backend import SqlBackend, load_migrations
 from threadkeep.core.retry import RetryPolicy
+from threadkeep.errors import ConfigurationError
 from threadkeep.providers import FACTS, Provider, SaverOptions, saver_kwargs
 from threadkeep.saver import ThreadkeepSaver
 from threadkeep.settings import Settings
@@ -29,6 +30,16 @@ def _engine(settings: Settings, **options: Any) -> PostgresEngine:
         conninfo = pool.conninfo
     elif not conninfo and async_pool is not None:
         conninfo = async_pool.conninfo
+    if not conninfo:
+        # libpq would fill every parameter in from its defaults (the user's name as the
+        # database, a local socket): a misspelled variable must not create tables there.
+        raise ConfigurationError(
+            f"the {settings.provider} provider needs a Postgres database: set "
+            "LLM_PROVIDER_CHECKPOINT_CONN_STRING (or DATABASE_URL) to a postgresql:// URL or a "
+            "libpq connection string, or pass pool=. To take every parameter from libpq's PG* "
+            "variables, set it to postgresql://",
+            context={"variable": "LLM_PROVIDER_CHECKPOINT_CONN_STRING", "provider": settings.provider},
+        )
     return PostgresEngine(
         conninfo,
         retry=RetryPolicy(
