@@ -7,7 +7,7 @@ from threadkeep.settings import VARIABLES
 
 desc = {
     "provider": "The provider: `memory`, `sqlite`, `postgres`, `redis`, `tiered`.",
-    "conn_string": "The provider's connection string (a path for sqlite). Unset: sqlite uses `.threadkeep/checkpoints.sqlite`, postgres `DATABASE_URL` then libpq's `PG*`, redis `REDIS_URL`.",
+    "conn_string": "The provider's connection string (a path for sqlite). Unset: sqlite uses `.threadkeep/checkpoints.sqlite`, postgres `DATABASE_URL` (neither set: refused at start; `postgresql://` takes everything from libpq's `PG*`), redis `REDIS_URL`.",
     "cache_url": "tiered only: the Redis URL of the hot tier (else `REDIS_URL`).",
     "cache_ttl_seconds": "tiered only: how long a thread's cached latest state lives after its last write (a read does not extend it); a miss only costs a read from Postgres.",
     "codec": "`json` (the faithful codec) or `msgpack` (LangGraph's `JsonPlusSerializer`).",

@@ -52,9 +52,12 @@ def demo(turns: int) -> None:
     click.echo(f"  {'step':>4}  {'source':<7} {'msgs':>4}  last message")
     for row in report.history:
         click.echo(f"  {row.step:>4}  {row.source:<7} {row.messages:>4}  {row.last}")
-    ratio = report.langgraph_bytes / max(report.threadkeep_bytes, 1)
     click.echo("\nstorage for this conversation (bytes of stored values):")
     click.echo(f"  threadkeep ({report.provider}):  {report.threadkeep_bytes:>12,}")
+    if report.langgraph_bytes is None:
+        click.echo("  (to compare with LangGraph's SqliteSaver: pip install langgraph-checkpoint-sqlite)")
+        return
+    ratio = report.langgraph_bytes / max(report.threadkeep_bytes, 1)
     click.echo(f"  LangGraph SqliteSaver:   {report.langgraph_bytes:>12,}  ({ratio:.1f}x more)")
 
 

@@ -1,7 +1,8 @@
 """The demo: a scripted tool-calling conversation on the configured store (``threadkeep demo``).
 
-It runs the same conversation on LangGraph's own ``SqliteSaver`` in a temporary file, so the
-storage each needed can be printed side by side.
+When LangGraph's ``SqliteSaver`` is installed (``pip install langgraph-checkpoint-sqlite``),
+it runs the same conversation on it in a temporary file, so the storage each needed can be
+printed side by side.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ class DemoReport:
     turns: int
     history: list[HistoryRow]
     threadkeep_bytes: int
-    langgraph_bytes: int
+    langgraph_bytes: int | None  # None: LangGraph's SqliteSaver is not installed
 
 
 def _describe(message: Any) -> str:
@@ -61,7 +62,8 @@ def _describe(message: Any) -> str:
 
 
 def run_demo(turns: int = 8, settings: Settings | None = None) -> DemoReport:
-    """Run ``turns`` turns of the scripted agent on the configured store, and on SqliteSaver."""
+    """Run ``turns`` turns of the scripted agent on the configured store, and on SqliteSaver
+    when it is installed."""
     settings = settings or Settings.from_env()
     thread_id = f"demo-{uuid.uuid4().hex[:8]}"
     config: RunnableConfig = {"configurable": {"thread_id": thread_id}}
@@ -92,9 +94,12 @@ def run_demo(turns: int = 8, settings: Settings | None = None) -> DemoReport:
     )
 
 
-def _langgraph_bytes(turns: int, thread_id: str) -> int:
-    """Bytes LangGraph's SqliteSaver stores for the same conversation."""
-    from langgraph.checkpoint.sqlite import SqliteSaver
+def _langgraph_bytes(turns: int, thread_id: str) -> int | None:
+    """Bytes LangGraph's SqliteSaver stores for the same conversation (None: not installed)."""
+    try:
+        from langgraph.checkpoint.sqlite import SqliteSaver
+    except ModuleNotFoundError:
+        return None
 
     with tempfile.TemporaryDirectory() as folder:
         conn = sqlite3.connect(Path(folder) / "langgraph.sqlite", check_same_thread=False)

@@ -1,7 +1,10 @@
 """The providers, their facts, and the one entry point that builds a saver (SPEC P1-P4).
 
-Each provider registers a builder: ``(settings, options) -> ThreadkeepSaver``. Drivers are
-imported inside the builders, so a deployment pays only for the provider it uses.
+A static table names each provider's :class:`Provider` as ``"module:attribute"`` and the
+extras its drivers come from. A backend module, and with it its driver, is imported the
+first time its provider is chosen: a deployment needs, and pays for, only the provider it
+uses, and a provider whose extra is missing raises :class:`MissingExtraError` naming the
+``pip install`` to run. Backends import this module; it imports none of them.
 """
 
 from __future__ import annotations
@@ -9,22 +12,23 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 from langgraph.checkpoint.serde.base import SerializerProtocol
 
 from threadkeep.codec.serde import build_serde
 from threadkeep.core.retention import PlatformRetention
 from threadkeep.errors import ConfigurationError
+from threadkeep.extras import import_extra
 from threadkeep.saver import Backend, ProviderFacts, ThreadkeepSaver
 from threadkeep.settings import PROVIDERS, Settings
 
 __all__ = [
     "FACTS",
+    "Provider",
     "SaverOptions",
     "facts_of",
     "open_checkpointer",
-    "register_provider",
     "registration",
     "saver_kwargs",
 ]
@@ -65,43 +69,55 @@ AdminOpener = Callable[[Settings], Backend]
 
 
 @dataclass(frozen=True, slots=True)
-class _Registration:
-    build: Builder
-    options: frozenset[str]
-    admin: AdminOpener
+class Provider:
+    """How a backend builds one provider's savers (a backend module exports one per provider).
 
-
-_BUILDERS: dict[str, _Registration] = {}
-
-
-def register_provider(
-    name: str, builder: Builder, admin: AdminOpener, options: frozenset[str] = frozenset()
-) -> None:
-    """Register provider ``name``.
-
-    Args:
-        name: One of the provider names settings accept.
-        builder: Builds a saver (format gate and migrations included).
+    Attributes:
+        build: Builds a saver (format gate and migrations included).
         admin: Opens the store without the format gate, for ``threadkeep store``.
         options: The provider-specific options ``open_checkpointer`` accepts.
     """
-    if name not in PROVIDERS:
-        raise ValueError(f"unknown provider {name!r}")
-    _BUILDERS[name] = _Registration(builder, options, admin)
+
+    build: Builder
+    admin: AdminOpener
+    options: frozenset[str] = frozenset()
 
 
-def registration(provider: str) -> _Registration:
-    """The registration of ``provider``, importing its backend on first use."""
+@dataclass(frozen=True, slots=True)
+class _Entry:
+    target: str  # "module:attribute" of the provider's Provider
+    extras: tuple[str, ...] = ()  # the extras whose drivers the module imports
+
+
+# Each provider's backend, imported on first use (the shape of DBOS's system-database
+# factory): importing a backend imports its driver, so nothing else may import one.
+_TABLE: Final[Mapping[str, _Entry]] = {
+    "memory": _Entry("threadkeep.backends.sqlite:MEMORY_PROVIDER"),
+    "sqlite": _Entry("threadkeep.backends.sqlite:SQLITE_PROVIDER"),
+    "postgres": _Entry("threadkeep.backends.postgres:POSTGRES_PROVIDER", ("postgres",)),
+    "redis": _Entry("threadkeep.backends.redis:REDIS_PROVIDER", ("redis",)),
+    "tiered": _Entry("threadkeep.backends.tiered:TIERED_PROVIDER", ("postgres", "redis")),
+}
+_LOADED: dict[str, Provider] = {}
+
+
+def registration(provider: str) -> Provider:
+    """The :class:`Provider` of ``provider``, importing its backend on first use.
+
+    Raises:
+        ConfigurationError: an unknown provider.
+        MissingExtraError: the provider's extra is not installed (the message names the
+            ``pip install`` to run).
+    """
     facts_of(provider)
-    if provider not in _BUILDERS:
-        _load_builtin_builders()
-    entry = _BUILDERS.get(provider)
-    if entry is None:
-        raise ConfigurationError(
-            f"the {provider} provider is not part of this threadkeep build",
-            context={"provider": provider},
-        )
-    return entry
+    loaded = _LOADED.get(provider)
+    if loaded is None:
+        # Python's import lock serializes concurrent first uses; both then find one module.
+        entry = _TABLE[provider]
+        module, _, attribute = entry.target.partition(":")
+        backend = import_extra(module, f"the {provider} provider", *entry.extras)
+        loaded = _LOADED[provider] = getattr(backend, attribute)
+    return loaded
 
 
 def facts_of(provider: str) -> ProviderFacts:
@@ -181,8 +197,3 @@ def saver_kwargs(settings: Settings, options: SaverOptions) -> dict[str, Any]:
             settings.retention_waiting_minutes, settings.retention_finished_minutes
         ),
     }
-
-
-def _load_builtin_builders() -> None:
-    # Importing a backend package registers its provider (drivers are imported on first use).
-    from threadkeep.backends import postgres, redis, sqlite, tiered  # noqa: F401

@@ -24,7 +24,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
-from threadkeep.errors import ConfigurationError, ErrorKind, MissingExtraError, StorageError, ThreadkeepError
+from threadkeep.errors import ConfigurationError, ErrorKind, StorageError, ThreadkeepError
+from threadkeep.extras import import_extra
 from threadkeep.metrics import METRICS, Metrics
 from threadkeep.providers import open_checkpointer
 from threadkeep.saver import ThreadkeepSaver
@@ -145,15 +146,16 @@ def create_app(
         settings: Default: from the environment (a removed variable refuses to boot).
         saver: Serve this store instead of opening the one the settings name (kept open).
         metrics: The registry ``/metrics`` serves.
+
+    Raises:
+        MissingExtraError: the ``[server]`` extra is not installed.
     """
-    try:
-        from starlette.applications import Starlette
-        from starlette.concurrency import run_in_threadpool
-        from starlette.requests import Request
-        from starlette.responses import JSONResponse, PlainTextResponse, Response
-        from starlette.routing import Route
-    except ImportError as exc:  # pragma: no cover - exercised only without the extra
-        raise MissingExtraError("threadkeep serve needs starlette: pip install 'threadkeep[server]'") from exc
+    import_extra("starlette", "threadkeep serve", "server")
+    from starlette.applications import Starlette
+    from starlette.concurrency import run_in_threadpool
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse, PlainTextResponse, Response
+    from starlette.routing import Route
 
     service = _Service(settings or Settings.from_env(), saver, metrics)
 
@@ -244,7 +246,12 @@ def create_app(
 
 
 def serve(host: str = "127.0.0.1", port: int = 8420) -> None:
-    """Run the app with uvicorn until interrupted."""
+    """Run the app with uvicorn until interrupted.
+
+    Raises:
+        MissingExtraError: the ``[server]`` extra is not installed.
+    """
+    import_extra("uvicorn", "threadkeep serve", "server")
     import uvicorn
 
     uvicorn.run(create_app(), host=host, port=port, log_level="info")

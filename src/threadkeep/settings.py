@@ -211,7 +211,8 @@ class Settings:
         return self.conn_string or DEFAULT_SQLITE_PATH
 
     def postgres_dsn(self) -> str:
-        """The Postgres DSN: the connection string, else ``DATABASE_URL``, else libpq's ``PG*``."""
+        """The Postgres DSN: the connection string, else ``DATABASE_URL``; empty if neither is
+        set, which the postgres and tiered providers refuse."""
         return self.conn_string or self.database_url or ""
 
     def redis_url_for(self, provider: str) -> str | None:

@@ -170,15 +170,18 @@ def test_p6_a_generation_1_store_is_read_as_it_is_and_recorded_as_current(tmp_pa
     conn.close()
 
 
-def test_p6_langgraph_sqlite_saver_checkpoints_are_refused(tmp_path: Path) -> None:
+def test_p6_langgraph_sqlite_saver_tables_in_the_same_file_are_left_alone(tmp_path: Path) -> None:
+    """A file shared with LangGraph's SqliteSaver is not refused: only tk_ tables are ours."""
     from langgraph.checkpoint.sqlite import SqliteSaver
 
     path = tmp_path / "langgraph.sqlite"
     conn = sqlite3.connect(path, check_same_thread=False)
     run_turns(build_agent(SqliteSaver(conn)), "theirs", 1)
+    before = conn.execute("SELECT count(*) FROM checkpoints").fetchone()[0]
+    with open_at(path) as saver:
+        run_turns(build_agent(saver), "ours", 1)
+    assert conn.execute("SELECT count(*) FROM checkpoints").fetchone()[0] == before > 0
     conn.close()
-    with pytest.raises(CheckpointStoreFormatError, match="generation none"):
-        open_at(path)
 
 
 def test_p6_checkpoints_without_a_recorded_generation_are_refused(tmp_path: Path) -> None:

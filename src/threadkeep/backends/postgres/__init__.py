@@ -1,48 +1,45 @@
 """The Postgres provider: the shared SQL programs on psycopg 3 pools, sync and async.
 
-psycopg is imported when a Postgres saver is first built, so a deployment on another
-provider never needs it (``pip install 'threadkeep[postgres]'``).
+Importing it imports psycopg (``pip install 'threadkeep[postgres]'``): the provider table
+imports it when the postgres (or tiered) provider is first chosen.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from threadkeep.backends.postgres import queries
+from threadkeep.backends.postgres.engine import PlannedOnce, PoolOptions, PostgresEngine, is_connection_error
 from threadkeep.backends.sql.backend import SqlBackend, load_migrations
 from threadkeep.core.retry import RetryPolicy
-from threadkeep.errors import MissingExtraError
-from threadkeep.providers import FACTS, SaverOptions, register_provider, saver_kwargs
+from threadkeep.errors import ConfigurationError
+from threadkeep.providers import FACTS, Provider, SaverOptions, saver_kwargs
 from threadkeep.saver import ThreadkeepSaver
 from threadkeep.settings import Settings
 
-if TYPE_CHECKING:
-    from threadkeep.backends.postgres.engine import PostgresEngine
-
-__all__ = ["build_postgres", "open_postgres_backend"]
+__all__ = ["POSTGRES_PROVIDER", "build_postgres", "open_postgres_backend"]
 
 _MIGRATIONS = load_migrations(__name__)
 _OPTIONS = frozenset({"pool", "async_pool", "prepare_threshold", "min_size", "max_size"})
 
 
 def _engine(settings: Settings, **options: Any) -> PostgresEngine:
-    try:
-        from threadkeep.backends.postgres.engine import (
-            PlannedOnce,
-            PoolOptions,
-            PostgresEngine,
-            is_connection_error,
-        )
-        from threadkeep.backends.postgres.queries import PLANNED_ONCE, PLANNED_ONCE_SETTINGS
-    except ImportError as exc:  # pragma: no cover - exercised only without the extra
-        raise MissingExtraError(
-            "the postgres provider needs psycopg 3 and psycopg-pool: pip install 'threadkeep[postgres]'"
-        ) from exc
     pool, async_pool = options.get("pool"), options.get("async_pool")
     conninfo = settings.postgres_dsn()
     if not conninfo and pool is not None:
         conninfo = pool.conninfo
     elif not conninfo and async_pool is not None:
         conninfo = async_pool.conninfo
+    if not conninfo:
+        # libpq would fill every parameter in from its defaults (the user's name as the
+        # database, a local socket): a misspelled variable must not create tables there.
+        raise ConfigurationError(
+            f"the {settings.provider} provider needs a Postgres database: set "
+            "LLM_PROVIDER_CHECKPOINT_CONN_STRING (or DATABASE_URL) to a postgresql:// URL or a "
+            "libpq connection string, or pass pool=. To take every parameter from libpq's PG* "
+            "variables, set it to postgresql://",
+            context={"variable": "LLM_PROVIDER_CHECKPOINT_CONN_STRING", "provider": settings.provider},
+        )
     return PostgresEngine(
         conninfo,
         retry=RetryPolicy(
@@ -61,15 +58,13 @@ def _engine(settings: Settings, **options: Any) -> PostgresEngine:
         ),
         pool=pool,
         async_pool=async_pool,
-        planned_once=PlannedOnce(PLANNED_ONCE, PLANNED_ONCE_SETTINGS),
+        planned_once=PlannedOnce(queries.PLANNED_ONCE, queries.PLANNED_ONCE_SETTINGS),
         shared_flush=options.get("shared_flush", True),
     )
 
 
 def open_postgres_backend(settings: Settings, *, gate: bool = True, **options: Any) -> SqlBackend:
     """Open the Postgres store the settings name; with ``gate``, check and migrate it."""
-    from threadkeep.backends.postgres import queries
-
     engine = _engine(settings, **options)
     backend = SqlBackend(engine, queries, _MIGRATIONS)
     if gate:
@@ -90,4 +85,4 @@ def _postgres_admin(settings: Settings) -> SqlBackend:
     return open_postgres_backend(settings, gate=False)
 
 
-register_provider("postgres", build_postgres, _postgres_admin, _OPTIONS)
+POSTGRES_PROVIDER = Provider(build_postgres, _postgres_admin, _OPTIONS)

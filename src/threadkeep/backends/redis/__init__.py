@@ -1,35 +1,35 @@
 """The Redis provider: plain Redis 6.2+ (or Valkey), no modules, single server or Cluster.
 
 Each step is one Lua script over the nine keys of one thread, which share a hash tag; every
-key a write stores carries the thread's waiting retention as its TTL (SPEC R1-R3). redis-py
-is imported when a Redis saver is first built (``pip install 'threadkeep[redis]'``).
+key a write stores carries the thread's waiting retention as its TTL (SPEC R1-R3). Importing
+it imports redis-py (``pip install 'threadkeep[redis]'``): the provider table imports it when
+the redis provider is first chosen.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import CheckpointTuple
 from langgraph.checkpoint.serde.base import SerializerProtocol
 
+from threadkeep.backends.redis import programs
+from threadkeep.backends.redis.engine import RedisEngine, is_connection_error
+from threadkeep.backends.redis.keys import KeySpace
 from threadkeep.core.identity import Actor
 from threadkeep.core.messages import ContentCache, EncodingMemo
 from threadkeep.core.program import Program
 from threadkeep.core.records import ListQuery, PutStep, Target, WritesStep
 from threadkeep.core.retention import ExpiredThread, Park, SweepPage, ThreadRetention
 from threadkeep.core.retry import RetryPolicy
-from threadkeep.errors import ConfigurationError, MissingExtraError
-from threadkeep.providers import FACTS, SaverOptions, register_provider, saver_kwargs
+from threadkeep.errors import ConfigurationError
+from threadkeep.providers import FACTS, Provider, SaverOptions, saver_kwargs
 from threadkeep.saver import ThreadkeepSaver
 from threadkeep.settings import Settings
 
-if TYPE_CHECKING:
-    from threadkeep.backends.redis.engine import RedisEngine
-    from threadkeep.backends.redis.keys import KeySpace
-
-__all__ = ["RedisBackend", "build_redis", "open_redis_backend"]
+__all__ = ["REDIS_PROVIDER", "RedisBackend", "build_redis", "open_redis_backend"]
 
 _OPTIONS = frozenset({"client", "async_client", "key_prefix", "cluster"})
 
@@ -48,8 +48,6 @@ class RedisBackend:
     messages_by_reference = False
 
     def __init__(self, engine: RedisEngine, space: KeySpace, ttl_ms: int) -> None:
-        from threadkeep.backends.redis import programs
-
         self.engine = engine
         self.space = space
         self.ttl_ms = ttl_ms
@@ -154,11 +152,6 @@ class RedisBackend:
 
 def open_redis_backend(settings: Settings, *, gate: bool = True, **options: Any) -> RedisBackend:
     """Open the Redis store the settings name; with ``gate``, run the format gate."""
-    try:
-        from threadkeep.backends.redis.engine import RedisEngine, is_connection_error
-        from threadkeep.backends.redis.keys import KeySpace
-    except ImportError as exc:  # pragma: no cover - exercised only without the extra
-        raise MissingExtraError("the redis provider needs redis-py: pip install 'threadkeep[redis]'") from exc
     url = settings.redis_url_for("redis")
     client = options.get("client")
     if url is None and client is None:
@@ -202,4 +195,4 @@ def _redis_admin(settings: Settings) -> RedisBackend:
     return open_redis_backend(settings, gate=False)
 
 
-register_provider("redis", build_redis, _redis_admin, _OPTIONS)
+REDIS_PROVIDER = Provider(build_redis, _redis_admin, _OPTIONS)

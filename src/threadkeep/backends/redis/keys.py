@@ -49,12 +49,18 @@ class KeySpace:
     @property
     def threads_pattern(self) -> str:
         """A SCAN pattern that matches one key per thread."""
-        return f"{self.prefix}:{{*}}:thread"
+        return f"{_glob_literal(self.prefix)}:{{*}}:thread"
 
     @property
-    def all_pattern(self) -> str:
-        """A SCAN pattern that matches every key of the store."""
-        return f"{self.prefix}:*"
+    def thread_keys_pattern(self) -> str:
+        """A SCAN pattern that matches every key of every thread (and nothing else: not the
+        keys of another application, or of a store whose prefix starts with this one's)."""
+        return f"{_glob_literal(self.prefix)}:{{*}}:*"
+
+    @property
+    def store_keys(self) -> tuple[str, ...]:
+        """The store's keys that belong to no thread."""
+        return (self.format_key, self.finished_key)
 
     @property
     def format_key(self) -> str:
@@ -65,3 +71,8 @@ class KeySpace:
     def finished_key(self) -> str:
         """The finished set: a ZSET of thread ids scored by their due time (SPEC RT2)."""
         return f"{self.prefix}:finished"
+
+
+def _glob_literal(text: str) -> str:
+    """``text`` as a SCAN pattern that matches only itself."""
+    return "".join(f"\\{char}" if char in "*?[]\\" else char for char in text)

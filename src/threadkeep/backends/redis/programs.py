@@ -603,8 +603,10 @@ def record_format(space: KeySpace) -> Program[None]:
 
 
 def reset(space: KeySpace) -> Program[None]:
-    """Delete every key of the store."""
-    for key in (yield Scan(space.all_pattern)):
+    """Delete every key of the store, and no other key."""
+    for key in (yield Scan(space.thread_keys_pattern)):
+        yield Command(("DEL", key))
+    for key in space.store_keys:
         yield Command(("DEL", key))
 
 

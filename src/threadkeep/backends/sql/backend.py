@@ -210,6 +210,6 @@ class SqlBackend:
         self.engine.setup(lambda: programs.ensure_format(q))
 
     def reset(self) -> None:
-        """Drop everything threadkeep stored, and other formats' checkpoint tables."""
+        """Drop every table threadkeep owns; other applications' tables stay as they are."""
         q = self.dialect
         self.engine.setup(lambda: programs.reset(q))

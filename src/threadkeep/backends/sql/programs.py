@@ -1051,7 +1051,7 @@ def check_schema(q: SqlDialect, newest: int) -> Program[None]:
 
 
 def reset(q: SqlDialect) -> Program[None]:
-    """Drop every table threadkeep owns, and the checkpoint tables of other formats."""
+    """Drop every table threadkeep owns, and nothing else."""
     for statement in q.RESET:
         yield Sql(statement, {})
 

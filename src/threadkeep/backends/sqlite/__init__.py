@@ -9,11 +9,18 @@ from __future__ import annotations
 from threadkeep.backends.sql.backend import SqlBackend, load_migrations
 from threadkeep.backends.sqlite import queries
 from threadkeep.backends.sqlite.engine import MEMORY, SqliteEngine
-from threadkeep.providers import FACTS, SaverOptions, register_provider, saver_kwargs
+from threadkeep.providers import FACTS, Provider, SaverOptions, saver_kwargs
 from threadkeep.saver import ThreadkeepSaver
 from threadkeep.settings import Settings
 
-__all__ = ["SqliteEngine", "build_memory", "build_sqlite", "open_sqlite_backend"]
+__all__ = [
+    "MEMORY_PROVIDER",
+    "SQLITE_PROVIDER",
+    "SqliteEngine",
+    "build_memory",
+    "build_sqlite",
+    "open_sqlite_backend",
+]
 
 _MIGRATIONS = load_migrations(__name__)
 _OPTIONS = frozenset({"synchronous", "busy_timeout_ms", "max_connections"})
@@ -54,5 +61,5 @@ def _memory_admin(settings: Settings) -> SqlBackend:
     return open_sqlite_backend(MEMORY, gate=False)
 
 
-register_provider("sqlite", build_sqlite, _sqlite_admin, _OPTIONS)
-register_provider("memory", build_memory, _memory_admin, _OPTIONS)
+SQLITE_PROVIDER = Provider(build_sqlite, _sqlite_admin, _OPTIONS)
+MEMORY_PROVIDER = Provider(build_memory, _memory_admin, _OPTIONS)

@@ -331,11 +331,10 @@ UPGRADE_META = (
     "UPDATE tk_meta SET value = :value WHERE key = :key AND value IN (SELECT value FROM json_each(:readable))"
 )
 
-# A table that holds checkpoints of any format, and the probe that says whether it has rows.
+# Only threadkeep's own tables are the store: a file may also hold another application's
+# tables, LangGraph's own SqliteSaver's (checkpoints, writes) included, which are left alone.
 CHECKPOINT_TABLES: dict[str, str] = {
     "tk_checkpoints": "SELECT EXISTS (SELECT 1 FROM tk_checkpoints)",
-    "checkpoints": "SELECT EXISTS (SELECT 1 FROM checkpoints)",
-    "writes": "SELECT EXISTS (SELECT 1 FROM writes)",
 }
 
 CREATE_MIGRATIONS = """
@@ -354,9 +353,6 @@ RESET: tuple[str, ...] = (
     "DROP TABLE IF EXISTS tk_threads",
     "DROP TABLE IF EXISTS tk_meta",
     "DROP TABLE IF EXISTS tk_migrations",
-    # LangGraph SqliteSaver's tables: checkpoints of another format.
-    "DROP TABLE IF EXISTS checkpoints",
-    "DROP TABLE IF EXISTS writes",
 )
 
 # What the store holds; :tid restricts it to one thread (NULL: the whole store). Channel

@@ -13,15 +13,19 @@ import math
 from typing import Any
 
 from threadkeep.backends.postgres import open_postgres_backend
+from threadkeep.backends.redis.engine import RedisEngine
+from threadkeep.backends.redis.keys import KeySpace
 from threadkeep.backends.tiered.backend import TieredBackend
+from threadkeep.backends.tiered.cache import StateCache
+from threadkeep.backends.tiered.engine import TieredEngine
 from threadkeep.core.retry import RetryPolicy
-from threadkeep.errors import ConfigurationError, MissingExtraError
+from threadkeep.errors import ConfigurationError
 from threadkeep.metrics import METRICS
-from threadkeep.providers import FACTS, SaverOptions, register_provider, saver_kwargs
+from threadkeep.providers import FACTS, Provider, SaverOptions, saver_kwargs
 from threadkeep.saver import ThreadkeepSaver
 from threadkeep.settings import Settings
 
-__all__ = ["DEFAULT_HISTORY_LIMIT", "build_tiered", "open_tiered_backend"]
+__all__ = ["DEFAULT_HISTORY_LIMIT", "TIERED_PROVIDER", "build_tiered", "open_tiered_backend"]
 
 DEFAULT_HISTORY_LIMIT = 20
 
@@ -51,16 +55,6 @@ def open_tiered_backend(
     """The Postgres store the settings name (with ``gate``: checked and migrated) behind a
     cache on their Redis. Redis may be down: the backend then uses Postgres alone until it
     is back."""
-    try:
-        from threadkeep.backends.redis.engine import RedisEngine
-        from threadkeep.backends.redis.keys import KeySpace
-    except ImportError as exc:  # pragma: no cover - exercised only without the extra
-        raise MissingExtraError(
-            "the tiered provider needs redis-py: pip install 'threadkeep[redis]'"
-        ) from exc
-    from threadkeep.backends.tiered.cache import StateCache
-    from threadkeep.backends.tiered.engine import TieredEngine
-
     extra: dict[str, Any] = dict(options.backend)
     url = settings.redis_url_for("tiered")
     client = extra.get("cache_client")
@@ -125,4 +119,4 @@ def _tiered_admin(settings: Settings) -> TieredBackend:
     return open_tiered_backend(settings, SaverOptions(), isolate=settings.enforce_user_isolation, gate=False)
 
 
-register_provider("tiered", build_tiered, _tiered_admin, _OPTIONS)
+TIERED_PROVIDER = Provider(build_tiered, _tiered_admin, _OPTIONS)
