@@ -16,7 +16,7 @@ __all__ = ["CheckpointedException", "ExceptionText", "exception_cause"]
 
 
 class CheckpointedException(Exception):
-    """An exception read back from a checkpoint.
+    """The record of an exception stored in a checkpoint.
 
     Attributes:
         id: The original class as module path parts then class name,
@@ -47,7 +47,8 @@ class CheckpointedException(Exception):
         self.__cause__ = cause
         if text is None:  # a record stored without it (by an earlier version)
             # exact for an exception built from its message alone
-            text = f"{self.id[-1]}({message!r})" if message else f"{self.id[-1]}()"
+            name = self.id[-1] if self.id else "Exception"
+            text = f"{name}({message!r})" if message else f"{name}()"
         self.text = text
 
     @classmethod
