@@ -9,7 +9,10 @@ Values JSON holds natively are written as JSON. Every other supported value is w
 A plain dict that would read as an envelope (one key starting with ``~``) is written as a
 ``~dict`` of pairs, so no user data is ever mistaken for one. Decoding never imports or calls
 anything but enum, dataclass and pydantic classes from modules already imported or named in
-the allowlist, LangChain classes its own loader revives, and threadkeep's own types; no pickle.
+the allowlist (or that this process stored, for a class no module names), LangChain classes
+its own loader revives, and threadkeep's own types; no pickle. A subclass of a builtin is
+written as its base type's value; an exception as a record that reads back as its ``repr()``
+text, as LangGraph's savers return it.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import math
 import secrets
 import sys
 import uuid
+import weakref
 from collections.abc import Callable, Collection, Iterable, Sequence
 from datetime import date, datetime, time, timedelta, timezone, tzinfo
 from decimal import Decimal
@@ -36,7 +40,7 @@ from langchain_core.load.serializable import Serializable
 from langgraph.types import Send
 from pydantic import BaseModel
 
-from threadkeep.codec.exceptions import CheckpointedException, exception_cause
+from threadkeep.codec.exceptions import CheckpointedException, ExceptionText, exception_cause
 from threadkeep.errors import CheckpointSerializationError
 
 __all__ = ["FaithfulCodec"]
@@ -71,15 +75,24 @@ def _key_segment(key: object) -> str:
     return f"[{key!r}]"
 
 
+# Classes this process stored whose name no module holds: a class defined inside a function
+# (a graph's schema in a test or a factory), a parametrized generic model (``Page[int]``).
+# Read back by this name in this process only; held weakly, as the class is.
+_UNNAMED: Final[weakref.WeakValueDictionary[tuple[str, str], type]] = weakref.WeakValueDictionary()
+
+
+def _unnamed(qualname: str) -> bool:
+    """Whether no module can hold a class under ``qualname``."""
+    return "<locals>" in qualname or "[" in qualname
+
+
 def _importable(cls: type) -> tuple[str, str]:
-    """The (module, qualname) that names ``cls``, refusing classes no module can name."""
-    qualname = cls.__qualname__
-    if "<locals>" in qualname:
-        raise _Refused(
-            f"{cls.__module__}.{qualname} is defined inside a function and cannot be read back; "
-            "define it at module level"
-        )
-    return cls.__module__, qualname
+    """The (module, qualname) that names ``cls``. A class no module can name is remembered,
+    so this process reads it back (LangGraph's savers store it too)."""
+    names = cls.__module__, cls.__qualname__
+    if _unnamed(names[1]) and _UNNAMED.get(names) is not cls:
+        _UNNAMED[names] = cls
+    return names
 
 
 @lru_cache(maxsize=1)
@@ -294,6 +307,25 @@ class _LcSpec:
 
 _NO_DEFAULT: Final = object()
 
+# A subclass of these types (langchain-core's TextAccessor, a str subclass; an OrderedDict; a
+# named tuple) is stored as the base type's value and reads back as the base type, as
+# LangGraph's own serializer does for str, int, dict and list: its class is not rebuilt, so no
+# code of it runs on read. Each function copies the value out as the exact base type.
+_NEAREST: Final[dict[type, Callable[[Any], object]]] = {
+    str: str.__str__,
+    int: int.__int__,
+    float: float.__float__,
+    bytes: lambda v: bytes(memoryview(v)),
+    bytearray: bytearray,
+    list: list,
+    tuple: tuple,
+    dict: dict,
+    set: set,
+    frozenset: frozenset,
+    Decimal: Decimal,
+    uuid.UUID: lambda v: uuid.UUID(int=v.int),
+}
+
 
 @lru_cache(maxsize=256)
 def _lc_spec(cls: type[Serializable]) -> _LcSpec:
@@ -384,6 +416,14 @@ def _message(exc: BaseException) -> str:
         return str(exc)
     except Exception:
         return repr(exc)
+
+
+def _text_of(exc: BaseException) -> str:
+    """What LangGraph's serializer stores for ``exc``: its ``repr()``."""
+    try:
+        return repr(exc)
+    except Exception:
+        return f"{type(exc).__qualname__}({_message(exc)!r})"
 
 
 def _tz_payload(tz: tzinfo | None) -> object:
@@ -545,6 +585,7 @@ class FaithfulCodec:
             uuid.UUID: lambda v: {"~uuid": v.hex},
             Send: lambda v: {"~send": [v.node, self._enc(v.arg)]},
             CheckpointedException: lambda v: {"~exc": self._exc_record(v)},
+            ExceptionText: lambda v: {"~exc": self._exc_record(v.exception, text=str.__str__(v))},
         }
         self._decoders: dict[str, Callable[[Any], object]] = {
             "~dict": self._dec_pairs,
@@ -670,6 +711,10 @@ class FaithfulCodec:
             return {"~dataclass": [module, qualname, self._dict(fields)]}
         if isinstance(value, BaseModel):
             return {"~model": self._model_payload(value)}
+        for base in kind.__mro__[1:-1]:
+            nearest = _NEAREST.get(base)
+            if nearest is not None:
+                return self._enc(nearest(value))
         raise _Refused(
             f"{kind.__module__}.{kind.__qualname__} cannot be stored faithfully; use a JSON type, "
             "a standard value type, an enum, a dataclass or a pydantic model"
@@ -689,13 +734,17 @@ class FaithfulCodec:
             payload.append(unset)
         return payload
 
-    def _exc_record(self, exc: BaseException, ancestors: frozenset[int] = frozenset()) -> dict[str, object]:
-        """The record of ``exc``; ``ancestors`` are the exceptions being recorded around it."""
+    def _exc_record(
+        self, exc: BaseException, ancestors: frozenset[int] = frozenset(), text: str | None = None
+    ) -> dict[str, object]:
+        """The record of ``exc``; ``ancestors`` are the exceptions being recorded around it;
+        ``text`` its ``repr()`` text, if known."""
         path = ancestors | {id(exc)}
         if isinstance(exc, CheckpointedException):
             kwargs: dict[str, object] = {k: self._enc(v) for k, v in exc.kwargs.items()}
             repr_kwargs = list(exc.repr_kwargs)
             record_id, message = exc.id, exc.message
+            text = text if text is not None else exc.text
             cause: BaseException | None = exc.cause
         else:
             kwargs, repr_kwargs = {}, []
@@ -715,10 +764,12 @@ class FaithfulCodec:
             kind = type(exc)
             record_id = [*kind.__module__.split("."), kind.__qualname__]
             message = _message(exc)
+            text = _text_of(exc)
             cause = exception_cause(exc)
         return {
             "id": record_id,
             "message": message,
+            "repr": text,
             "kwargs": kwargs,
             "repr_kwargs": repr_kwargs,
             "cause": None if cause is None or id(cause) in path else self._exc_record(cause, path),
@@ -897,6 +948,15 @@ class FaithfulCodec:
     def _resolve(self, module: str, qualname: str, what: str) -> Any:
         if any(part.startswith("__") for part in qualname.split(".")):
             raise _Refused(f"refusing to look up {module}.{qualname}")
+        if _unnamed(qualname):
+            unnamed = _UNNAMED.get((module, qualname))
+            if unnamed is None:
+                raise _Refused(
+                    f"{what} {module}.{qualname} has no name in its module (defined inside a "
+                    "function, or a parametrized generic), so only the process that stored it can "
+                    "read it back; define the class at module level"
+                )
+            return unnamed
         loaded = sys.modules.get(module)
         if loaded is None:
             if (module,) not in self.allowlist and (module, qualname) not in self.allowlist:
@@ -973,23 +1033,39 @@ class FaithfulCodec:
         except Exception as exc:
             raise _Refused(f"cannot revive {'.'.join(key)}: {exc}") from exc
 
-    def _dec_exc(self, record: object) -> CheckpointedException:
+    def _dec_exc(self, record: object) -> ExceptionText:
+        """An exception as LangGraph's savers return it, its ``repr()`` text, carrying the
+        record (C4)."""
+        exception = self._dec_exc_record(record)
+        return ExceptionText(exception.text, exception)
+
+    def _dec_exc_record(self, record: object) -> CheckpointedException:
         if not (
             type(record) is dict
             and type(record.get("id")) is list
+            and record["id"]
             and all(type(part) is str for part in record["id"])
             and type(record.get("message")) is str
+            and type(record.get("repr", "")) is str
             and type(record.get("kwargs", {})) is dict
             and type(record.get("repr_kwargs", [])) is list
         ):
             raise _Refused(f"malformed exception record {record!r:.80}")
         cause = record.get("cause")
+        # An exception held by an attribute is a record too, not text.
+        kwargs = {
+            name: self._dec_exc_record(item["~exc"])
+            if type(item) is dict and len(item) == 1 and "~exc" in item
+            else self._dec(item)
+            for name, item in (record.get("kwargs") or {}).items()
+        }
         return CheckpointedException(
             id=list(record["id"]),
             message=record["message"],
-            kwargs=self._dec(record.get("kwargs") or {}),
+            kwargs=kwargs,
             repr_kwargs=[str(name) for name in record.get("repr_kwargs") or []],
-            cause=None if cause is None else self._dec_exc(cause),
+            cause=None if cause is None else self._dec_exc_record(cause),
+            text=record.get("repr"),
         )
 
     def _dec_pairs(self, payload: object) -> dict[Any, Any]:
