@@ -177,6 +177,40 @@ def conversations_delete_thread(thread_id: str, as_json: bool) -> None:
         sys.exit(EXIT_NOT_FOUND)
 
 
+@main.group()
+def threads() -> None:
+    """Threads of the configured store, whoever owns them (operator commands)."""
+
+
+@threads.command("assign-owner")
+@click.argument("thread_ids", metavar="THREAD...", nargs=-1, required=True)
+@click.option("--user", required=True, help="The user to hand the threads to.")
+@click.option("--force", is_flag=True, help="Also take threads another user owns (not only anonymous ones).")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
+def threads_assign_owner(thread_ids: tuple[str, ...], user: str, force: bool, as_json: bool) -> None:
+    """Hand THREAD... to --user: threads written before user ids were passed belong to the
+    anonymous owner (see docs/isolation.md). Exit 4 if a thread is not in the store (the
+    others are handed over)."""
+    from threadkeep.core.identity import operator_scope
+    from threadkeep.providers import open_checkpointer
+
+    with open_checkpointer() as saver, operator_scope():
+        before = saver.assign_owner(thread_ids, user, force=force)
+    missing = [thread_id for thread_id, owner in before.items() if owner is None]
+    if as_json:
+        click.echo(json.dumps({"user": user, "owners_before": before, "missing": missing}, indent=2))
+    else:
+        for thread_id, owner in before.items():
+            if owner is None:
+                click.echo(f"{thread_id}: no such thread in the store")
+            elif owner == user:
+                click.echo(f"{thread_id}: already owned by {user!r}")
+            else:
+                click.echo(f"{thread_id}: {owner!r} -> {user!r}")
+    if missing:
+        sys.exit(EXIT_NOT_FOUND)
+
+
 @main.command()
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", default=8420, show_default=True, type=click.IntRange(1, 65535))

@@ -15,7 +15,7 @@ always with ``raise ... from exc`` so the original stays on ``__cause__``::
     ├── InvalidInputError                INPUT_001       invalid      (an id no store can key)
     └── StorageError                     STORAGE_000     unavailable
         ├── StaleStateError              STORAGE_CONFLICT_001  conflict
-        ├── StorageForbiddenError        STORAGE_FORBIDDEN_001 forbidden
+        ├── StorageForbiddenError        STORAGE_FORBIDDEN_001 forbidden (another user's thread)
         └── CheckpointDeleteError        STORAGE_DELETE_001    unavailable
 
 ``kind`` groups the errors the HTTP layer maps to a status once: ``conflict`` 409,
@@ -24,6 +24,7 @@ always with ``raise ... from exc`` so the original stays on ``__cause__``::
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, ClassVar, Literal
 
 ErrorKind = Literal["conflict", "forbidden", "unavailable", "invalid"]
@@ -183,16 +184,23 @@ class StaleStateError(StorageError):
 
 
 class StorageForbiddenError(StorageError):
-    """A user tried to write a thread another user owns."""
+    """A user tried to write, delete, copy or prune a thread another user owns (SPEC W3)."""
 
     default_code = "STORAGE_FORBIDDEN_001"
     kind: ClassVar[ErrorKind] = "forbidden"
 
-    def __init__(self, thread_id: str, user_id: str) -> None:
+    def __init__(self, thread_id: str, user_id: str, *, action: str = "write") -> None:
+        if action == "write":
+            hint, context = "Use a thread id of your own.", {"thread_id": thread_id, "user_id": user_id}
+        else:
+            hint = (
+                "Nothing was changed. Act as its owner (configurable user_id, or threadkeep.user_scope), "
+                "or as the operator (threadkeep.operator_scope())."
+            )
+            context = {"thread_id": thread_id, "user_id": user_id, "action": action}
         super().__init__(
-            f"thread {thread_id!r} belongs to another user; user {user_id!r} may not write it. "
-            "Use a thread id of your own.",
-            context={"thread_id": thread_id, "user_id": user_id},
+            f"thread {thread_id!r} belongs to another user; user {user_id!r} may not {action} it. {hint}",
+            context=context,
         )
 
     @classmethod
@@ -204,6 +212,20 @@ class StorageForbiddenError(StorageError):
             f"{operation} acts on every user's threads; user {user_id!r} may not call it. Call it "
             "inside threadkeep.operator_scope(), as the sweep and the operator CLI do",
             context={"operation": operation, "user_id": user_id},
+        )
+        return error
+
+    @classmethod
+    def owned(cls, owners: Mapping[str, str], user: str) -> StorageForbiddenError:
+        """The refusal to hand threads another user owns to ``user`` (``assign_owner``)."""
+        named = ", ".join(f"{thread_id!r} (owner {owner!r})" for thread_id, owner in sorted(owners.items()))
+        error = cls.__new__(cls)
+        ThreadkeepError.__init__(
+            error,
+            f"not assigning to user {user!r}: thread(s) {named} belong to another user, not to the "
+            "anonymous owner; no thread changed owner. Take them anyway with force=True "
+            "(threadkeep threads assign-owner --force)",
+            context={"user_id": user, "owners": dict(owners)},
         )
         return error
 

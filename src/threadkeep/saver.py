@@ -28,7 +28,7 @@ from langgraph.checkpoint.base import (
 from langgraph.checkpoint.serde.base import SerializerProtocol
 
 from threadkeep.codec.serde import build_serde, with_allowlist
-from threadkeep.core.identity import Actor, actor_for
+from threadkeep.core.identity import ANONYMOUS, Actor, actor_for
 from threadkeep.core.ids import checked_id, checked_ids, checked_park
 from threadkeep.core.messages import ContentCache, EncodingMemo
 from threadkeep.core.program import Engine, Program, ProgramFactory
@@ -49,7 +49,7 @@ from threadkeep.core.retention import (
     ThreadRetention,
     declare_retention,
 )
-from threadkeep.errors import StorageForbiddenError
+from threadkeep.errors import InvalidInputError, StorageForbiddenError
 
 __all__ = ["Backend", "ProviderFacts", "ThreadkeepSaver"]
 
@@ -106,6 +106,10 @@ class Backend(Protocol):
     def copy_thread(self, source: str, target: str, actor: Actor, now: float) -> Program[bool]: ...
 
     def prune(self, thread_ids: Sequence[str], strategy: str, owner: str | None) -> Program[None]: ...
+
+    def assign_owner(
+        self, thread_ids: Sequence[str], user: str, force: bool
+    ) -> Program[dict[str, str | None]]: ...
 
     def stats(self, thread_id: str | None = None) -> dict[str, Any]: ...
 
@@ -363,7 +367,14 @@ class ThreadkeepSaver(BaseCheckpointSaver[str]):
         await self._arun(self._writes_step(config, writes, task_id, task_path), write=True, atomic=False)
 
     def delete_thread(self, thread_id: str) -> None:
-        """Delete every checkpoint, write and message of a thread the caller can see."""
+        """Delete every checkpoint, write and message of a thread. A thread the store does not
+        hold is no error (as LangGraph's savers have it).
+
+        Raises:
+            StorageForbiddenError: the thread belongs to another user than the scope's
+                (SPEC W3); nothing is deleted. An operator (:func:`threadkeep.operator_scope`)
+                deletes any user's thread.
+        """
         self._run(self._delete_thread(thread_id), write=True)
 
     async def adelete_thread(self, thread_id: str) -> None:
@@ -371,7 +382,13 @@ class ThreadkeepSaver(BaseCheckpointSaver[str]):
         await self._arun(self._delete_thread(thread_id), write=True)
 
     def delete_for_runs(self, run_ids: Sequence[str]) -> None:
-        """Delete the checkpoints whose metadata ``run_id`` is one of ``run_ids``."""
+        """Delete the checkpoints whose metadata ``run_id`` is one of ``run_ids``. A run that
+        stored nothing is no error.
+
+        Raises:
+            StorageForbiddenError: a run stored checkpoints on a thread of another user than
+                the scope's; nothing is deleted.
+        """
         self._run(self._delete_for_runs(run_ids), write=True)
 
     async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
@@ -379,7 +396,14 @@ class ThreadkeepSaver(BaseCheckpointSaver[str]):
         await self._arun(self._delete_for_runs(run_ids), write=True)
 
     def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
-        """Copy every checkpoint, write and message of one thread onto another."""
+        """Copy every checkpoint, write and message of one thread onto another (created for
+        the scope's user if new). A source the store does not hold copies nothing and creates
+        no target.
+
+        Raises:
+            StorageForbiddenError: the source or the target belongs to another user than the
+                scope's; nothing is copied.
+        """
         self._run(self._copy_thread(source_thread_id, target_thread_id), write=True)
 
     async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
@@ -387,12 +411,66 @@ class ThreadkeepSaver(BaseCheckpointSaver[str]):
         await self._arun(self._copy_thread(source_thread_id, target_thread_id), write=True)
 
     def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
-        """Keep only each namespace's latest checkpoint (``keep_latest``), or delete all."""
+        """Keep only each namespace's latest checkpoint (``keep_latest``), or delete all.
+        Threads the store does not hold are passed by.
+
+        Raises:
+            StorageForbiddenError: one of the threads belongs to another user than the
+                scope's; no thread is pruned.
+        """
         self._run(self._prune(thread_ids, strategy), write=True)
 
     async def aprune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
         """Async :meth:`prune`."""
         await self._arun(self._prune(thread_ids, strategy), write=True)
+
+    # owners (SPEC W3; docs/isolation.md) ------------------------------------------------------
+
+    def _assign_owner(
+        self, thread_ids: Sequence[str], user: str, force: bool
+    ) -> ProgramFactory[dict[str, str | None]]:
+        self._operator("assign_owner")
+        ids, user = checked_ids(thread_ids, "thread_ids"), checked_id(user, "user")
+        if not user:
+            raise InvalidInputError(
+                "user is empty: name the user to hand the threads to (the anonymous owner is "
+                f"{ANONYMOUS!r}). Nothing was changed.",
+                context={"field": "user", "problem": "empty", "value": "''"},
+            )
+        return lambda: self.backend.assign_owner(ids, user, force)
+
+    def assign_owner(
+        self, thread_ids: Sequence[str], user: str, *, force: bool = False
+    ) -> dict[str, str | None]:
+        """Hand threads to ``user``: the threads written before a deployment passed user ids
+        belong to the anonymous owner (:data:`threadkeep.ANONYMOUS`), and only that owner
+        (or an operator) can see them until they are handed over. Operator only
+        (:func:`threadkeep.operator_scope`). Each thread changes owner atomically, with
+        its checkpoints, writes, retention and parks; on SQL stores all of them in one
+        transaction.
+
+        Args:
+            thread_ids: The threads to hand over.
+            user: Their new owner.
+            force: Also take threads another user owns (without it, only the anonymous
+                owner's threads, and ``user``'s own, are accepted).
+
+        Returns:
+            Each thread's owner before the call; ``None`` for a thread the store does not
+            hold (nothing is created for it).
+
+        Raises:
+            StorageForbiddenError: without ``force``, a thread belongs to another user (no
+                thread changes owner), or the call is made outside the operator scope.
+            InvalidInputError: an id no store can key, or an empty ``user``.
+        """
+        return self._run(self._assign_owner(thread_ids, user, force), write=True)
+
+    async def aassign_owner(
+        self, thread_ids: Sequence[str], user: str, *, force: bool = False
+    ) -> dict[str, str | None]:
+        """Async :meth:`assign_owner`."""
+        return await self._arun(self._assign_owner(thread_ids, user, force), write=True)
 
     # retention (SPEC RT2-RT5): the owners' and parks' calls -----------------------------------
 

@@ -264,15 +264,18 @@ def test_w3_another_users_reads_and_lists_see_nothing(saver: Any) -> None:
     assert threads == {"t-bob"}
 
 
-def test_w3_another_users_delete_and_copy_touch_nothing(saver: Any) -> None:
+def test_w3_another_users_delete_and_copy_raise_and_touch_nothing(saver: Any) -> None:
+    """Never a silent no-op (tests/contract/test_isolation.py covers each call, sync and async)."""
     graph = approval_graph(saver)
     graph.invoke({"request": "a", "answer": ""}, cfg("t-keep", user_id="alice"))
     count = len(checkpoint_ids(saver, "t-keep", user_id="alice"))
     with user_scope("bob"):
-        saver.delete_thread("t-keep")
-        saver.prune(["t-keep"], strategy="delete")
-        saver.delete_for_runs(["run-of-alice"])
-        saver.copy_thread("t-keep", "t-stolen")
+        with pytest.raises(StorageForbiddenError):
+            saver.delete_thread("t-keep")
+        with pytest.raises(StorageForbiddenError):
+            saver.prune(["t-keep"], strategy="delete")
+        with pytest.raises(StorageForbiddenError):
+            saver.copy_thread("t-keep", "t-stolen")
         assert list(saver.list(cfg("t-stolen"))) == []
     assert len(checkpoint_ids(saver, "t-keep", user_id="alice")) == count
     with user_scope("alice"):

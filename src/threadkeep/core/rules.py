@@ -27,11 +27,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Final
 
-from threadkeep.core.identity import Actor
+from threadkeep.core.identity import ANONYMOUS, Actor
 from threadkeep.errors import StaleStateError, StorageForbiddenError
 
 __all__ = [
     "BRANCH_SOURCES",
+    "check_handover",
     "check_head",
     "check_owner",
     "named_checkpoint",
@@ -121,11 +122,24 @@ def required_owner(actor: Actor) -> str | None:
     return actor.user_id if actor.checks_owner else None
 
 
-def check_owner(*, thread_id: str, owner: str, user_id: str, enforce: bool) -> None:
-    """Refuse a write by ``user_id`` on a thread ``owner`` owns, when isolation is on.
+def check_owner(*, thread_id: str, owner: str, user_id: str, enforce: bool, action: str = "write") -> None:
+    """Refuse ``action`` (a write, a delete, a copy, a prune) by ``user_id`` on a thread
+    ``owner`` owns, when isolation is on.
 
     Raises:
-        StorageForbiddenError: naming the thread and the user.
+        StorageForbiddenError: naming the thread, the user and the action.
     """
     if enforce and owner != user_id:
-        raise StorageForbiddenError(thread_id, user_id)
+        raise StorageForbiddenError(thread_id, user_id, action=action)
+
+
+def check_handover(owners: Mapping[str, str], user: str, force: bool) -> None:
+    """Refuse to hand to ``user`` a thread another user owns (not the anonymous owner), unless
+    ``force``. ``owners``: each thread's owner now.
+
+    Raises:
+        StorageForbiddenError: naming every such thread and its owner.
+    """
+    taken = {thread_id: owner for thread_id, owner in owners.items() if owner not in (ANONYMOUS, user)}
+    if taken and not force:
+        raise StorageForbiddenError.owned(taken, user)

@@ -527,11 +527,11 @@ LIST_ALL = _LIST_COLUMNS + "WHERE true" + _LIST_CONDITIONS
 
 # --- deletes, pruning, copies --------------------------------------------------------------
 
+# Every owner's: a delete by run refuses runs on another user's threads (W3).
 SELECT_RUN_CHECKPOINTS = """
-SELECT c.tid, c.checkpoint_ns, c.checkpoint_id
+SELECT c.tid, c.checkpoint_ns, c.checkpoint_id, t.thread_id, t.owner
 FROM tk_checkpoints AS c JOIN tk_threads AS t ON t.tid = c.tid
 WHERE c.run_id IN (SELECT jsonb_array_elements_text(%(run_ids)s::jsonb))
-  AND (%(owner)s::text IS NULL OR t.owner = %(owner)s::text)
 """
 
 DELETE_CHECKPOINT = """
@@ -741,6 +741,14 @@ WAITING_COUNT = f"SELECT count(*) FROM tk_threads AS t WHERE {_WAITING}"
 # first, and the statements after the lock see what it wrote; a writer that comes later waits,
 # then finds the thread gone and starts a new one (the sweep's next round deletes it again).
 LOCK_THREADS = f"SELECT tid FROM tk_threads WHERE tid IN {_TIDS} ORDER BY tid FOR UPDATE"
+
+# The same lock, by thread id, with each thread's owner: a delete, prune, copy or owner change
+# checks the owner it read under the lock, so no change of owner (nor a delete and a new
+# thread of the same id) comes between its check and its act (W3).
+LOCK_OWNED = f"SELECT tid, thread_id, owner FROM tk_threads WHERE thread_id IN {_IDS} ORDER BY tid FOR UPDATE"
+
+# Hands threads to another owner (threadkeep.ThreadkeepSaver.assign_owner).
+ASSIGN_OWNER = f"UPDATE tk_threads SET owner = %(owner)s WHERE tid IN {_TIDS}"
 
 # Threads whose root namespace's head (tk_threads.head) is no longer known: a delete by run
 # or a copy onto them moved it. Their next put locks the row and sets it again.

@@ -90,6 +90,11 @@ class RedisBackend:
     def prune(self, thread_ids: Iterable[str], strategy: str, owner: str | None) -> Program[None]:
         return self._programs.prune(self.space, thread_ids, strategy, owner)
 
+    def assign_owner(
+        self, thread_ids: Sequence[str], user: str, force: bool
+    ) -> Program[dict[str, str | None]]:
+        return self._programs.assign_owner(self.space, thread_ids, user, force)
+
     # retention (SPEC RT1-RT5, SW1-SW8) ----------------------------------------------------------
 
     def start_thread(

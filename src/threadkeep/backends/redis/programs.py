@@ -18,7 +18,7 @@ from langgraph.checkpoint.serde.base import SerializerProtocol
 from threadkeep.backends.redis.engine import Command, Scan, Script
 from threadkeep.backends.redis.keys import KeySpace
 from threadkeep.backends.sql.programs import FORMAT_GENERATION, READABLE_GENERATIONS
-from threadkeep.core.identity import Actor
+from threadkeep.core.identity import ANONYMOUS, Actor
 from threadkeep.core.messages import ContentCache, EncodingMemo, chain_tail, split_digests
 from threadkeep.core.program import Program
 from threadkeep.core.records import (
@@ -31,7 +31,7 @@ from threadkeep.core.records import (
     matches_filter,
 )
 from threadkeep.core.retention import ExpiredThread, Park, SweepPage, ThreadRetention
-from threadkeep.core.rules import required_head, required_owner
+from threadkeep.core.rules import check_handover, check_owner, required_head, required_owner
 from threadkeep.errors import (
     CheckpointDeleteError,
     CheckpointSerializationError,
@@ -42,6 +42,7 @@ from threadkeep.errors import (
 )
 
 __all__ = [
+    "assign_owner",
     "clear_park",
     "copy_thread",
     "count_expired",
@@ -81,6 +82,8 @@ _Carried = dict[bytes, tuple[list[bytes], list[tuple[str, bytes]]]]
 # load.lua's, page.lua's and read_all.lua's answer where Redis evicted part of a thread, and
 # what the error says of it.
 _LOST = NUL + b"lost"
+# read_all.lua's answer for another user's thread.
+_FORBIDDEN = NUL + b"forbidden"
 _EVICTED = (
     "an eviction by Redis (run Redis with maxmemory-policy noeviction); an operator can delete what is left"
 )
@@ -466,18 +469,35 @@ def _thread_ids(space: KeySpace, keys: Iterable[bytes]) -> Program[list[str]]:
 
 
 # --- deletes, pruning, copies ----------------------------------------------------------------
+#
+# A thread the store does not hold is passed by, as LangGraph's savers do; another user's is
+# refused with StorageForbiddenError (SPEC W3), by the script that would act on it. A call on
+# several threads (prune, delete_for_runs) first checks them all, so a refusal changes
+# nothing; only an owner change between that check and a thread's script (assign_owner)
+# refuses midway, after the threads before it.
 
 # SPEC R3: a delete repeats until the thread is empty, and fails once a round (counting from
 # the second) leaves it holding no fewer checkpoints and writes than the round before.
 _MAX_DELETE_ROUNDS = 100
+# delete.lua's answer for another user's thread; prune.lua's and delete_runs.lua's.
+_NOT_YOURS = -2
+_REFUSED = -1
 
 
 def delete_thread(space: KeySpace, thread_id: str, owner: str | None) -> Program[bool]:
-    """Delete everything a thread holds, against a writer that keeps adding to it (R3)."""
+    """Delete everything a thread holds, against a writer that keeps adding to it (R3).
+
+    Raises:
+        StorageForbiddenError: the thread belongs to another user than ``owner``.
+    """
     keys = space.thread(thread_id)
     before: int | None = None
     for round_number in range(1, _MAX_DELETE_ROUNDS + 1):
         deleted = yield Script("delete", keys, [owner or "", ""])
+        if deleted == _NOT_YOURS:
+            if round_number == 1:
+                raise StorageForbiddenError(thread_id, owner or "", action="delete")
+            return True  # ours is gone; another user started a thread of that id since
         if round_number == 1 and not deleted:
             if owner is None:  # an operator: a mark whose keys expired goes too
                 yield Command(("ZREM", space.finished_key, thread_id))
@@ -501,46 +521,110 @@ def delete_thread(space: KeySpace, thread_id: str, owner: str | None) -> Program
 
 
 def delete_for_runs(space: KeySpace, run_ids: Sequence[str], owner: str | None) -> Program[int]:
-    """Delete the checkpoints the given runs stored, in every thread the caller can see."""
+    """Delete the checkpoints the given runs stored, in every thread.
+
+    Raises:
+        StorageForbiddenError: a run stored checkpoints on a thread of another user than
+            ``owner``; nothing is deleted (checked on every thread first).
+    """
     if not run_ids:
         return 0
+    tags = [space.tag_of_key(key.decode()) for key in (yield Scan(space.threads_pattern))]
+    passes = ("1",) if owner is None else ("0", "1")  # a user's: check every thread first
     removed = 0
-    for key in (yield Scan(space.threads_pattern)):
-        keys = space.of_tag(space.tag_of_key(key.decode()))
-        removed += int((yield Script("delete_runs", keys, [owner or "", *run_ids])))
+    for mode in passes:
+        for tag in tags:
+            keys = space.of_tag(tag)
+            found = int((yield Script("delete_runs", keys, [owner or "", mode, *run_ids])))
+            if found == _REFUSED:
+                thread_id = (yield Command(("HGET", keys[0], "id"))) or b"?"
+                raise StorageForbiddenError(thread_id.decode(), owner or "", action="delete runs on")
+            removed += found if mode == "1" else 0
     return removed
 
 
+def _check_owners(
+    space: KeySpace, thread_ids: Sequence[str], owner: str | None, action: str
+) -> Program[None]:
+    """Refuse ``action`` on ``thread_ids`` if one belongs to another user than ``owner``."""
+    if owner is None:
+        return
+    for thread_id in thread_ids:
+        found = yield Command(("HGET", space.thread(thread_id)[0], "owner"))
+        if found is not None:
+            check_owner(thread_id=thread_id, owner=found.decode(), user_id=owner, enforce=True, action=action)
+
+
 def prune(space: KeySpace, thread_ids: Iterable[str], strategy: str, owner: str | None) -> Program[None]:
-    """LangGraph's ``prune``: ``keep_latest`` per namespace, or ``delete`` every checkpoint."""
+    """LangGraph's ``prune``: ``keep_latest`` per namespace, or ``delete`` every checkpoint.
+
+    Raises:
+        StorageForbiddenError: one of the threads belongs to another user than ``owner``;
+            no thread is pruned (checked on every thread first).
+    """
     if strategy not in ("keep_latest", "delete"):
         raise ValueError(f"prune strategy {strategy!r} is not 'keep_latest' or 'delete'")
-    for thread_id in thread_ids:
+    ids = list(dict.fromkeys(thread_ids))
+    yield from _check_owners(space, ids, owner, "prune")
+    for thread_id in ids:
         if strategy == "delete":
             yield from delete_thread(space, thread_id, owner)
-        else:
-            yield Script("prune", space.thread(thread_id), [owner or ""])
+        elif (yield Script("prune", space.thread(thread_id), [owner or ""])) == _REFUSED:
+            raise StorageForbiddenError(thread_id, owner or "", action="prune")
 
 
 def copy_thread(
     space: KeySpace, source: str, target: str, actor: Actor, *, now: float, ttl_ms: int
 ) -> Program[bool]:
-    """Copy every checkpoint, write and message of ``source`` onto ``target``.
+    """Copy every checkpoint, write and message of ``source`` onto ``target``; ``False``
+    (and nothing created) when the store holds no ``source``.
 
     The two threads live on different slots of a cluster, so the copy is a read of one and
     a write of the other, each atomic.
+
+    Raises:
+        StorageForbiddenError: ``source`` or ``target`` belongs to another user.
     """
     groups = yield Script("read_all", space.thread(source), [actor.owner_filter or ""])
     if not groups:
         return False
+    if groups[0] == _FORBIDDEN:
+        raise StorageForbiddenError(source, actor.user_id, action="copy")
     _refuse_lost(source, groups)
     args: list[object] = [target, actor.user_id, _required_owner(actor), now, ttl_ms]
     for group in groups:
         args += [len(group) // 2, *group]
     reply = yield Script("merge", space.thread(target), args)
     if reply[0] == b"forbidden":
-        raise StorageForbiddenError(target, actor.user_id)
+        raise StorageForbiddenError(target, actor.user_id, action="copy onto")
     return True
+
+
+def assign_owner(
+    space: KeySpace, thread_ids: Sequence[str], user: str, force: bool
+) -> Program[dict[str, str | None]]:
+    """Hand ``thread_ids`` to ``user``, each in one script; returns each thread's owner before
+    (``None``: the store holds no such thread).
+
+    Raises:
+        StorageForbiddenError: without ``force``, a thread belongs to another user than the
+            anonymous owner or ``user``: checked on every thread first, so no thread changes
+            owner (unless an owner changes between the check and the script).
+    """
+    wanted = list(dict.fromkeys(thread_ids))
+    owners = {}
+    for thread_id in wanted:
+        found = yield Command(("HGET", space.thread(thread_id)[0], "owner"))
+        if found is not None:
+            owners[thread_id] = found.decode()
+    check_handover(owners, user, force)
+    before: dict[str, str | None] = {}
+    for thread_id in wanted:
+        reply = yield Script("assign", space.thread(thread_id), [user, "1" if force else "0", ANONYMOUS])
+        if reply[0] == b"refused":
+            check_handover({thread_id: reply[1].decode()}, user, force)
+        before[thread_id] = reply[1].decode() if reply[0] == b"ok" else None
+    return before
 
 
 def stats(space: KeySpace, thread_id: str | None = None) -> Program[dict[str, int]]:

@@ -150,6 +150,11 @@ class SqlBackend:
     def prune(self, thread_ids: Iterable[str], strategy: str, owner: str | None) -> Program[None]:
         return programs.prune(self.dialect, thread_ids, strategy, owner)
 
+    def assign_owner(
+        self, thread_ids: Sequence[str], user: str, force: bool
+    ) -> Program[dict[str, str | None]]:
+        return programs.assign_owner(self.dialect, thread_ids, user, force)
+
     # retention (SPEC RT1-RT5, SW1-SW8) ----------------------------------------------------------
 
     def start_thread(

@@ -33,7 +33,7 @@ from threadkeep.core.records import (
     matches_filter,
 )
 from threadkeep.core.retention import ExpiredThread, Park, SweepPage, ThreadRetention
-from threadkeep.core.rules import check_head, check_owner, required_head, required_owner
+from threadkeep.core.rules import check_handover, check_head, check_owner, required_head, required_owner
 from threadkeep.errors import CheckpointSerializationError, CheckpointStoreFormatError
 
 __all__ = [
@@ -42,6 +42,7 @@ __all__ = [
     "READABLE_GENERATIONS",
     "SqlDialect",
     "apply_migration",
+    "assign_owner",
     "clear_park",
     "copy_thread",
     "count_expired",
@@ -143,6 +144,8 @@ class SqlDialect(Protocol):
     DELETE_WAITING: str
     DELETE_THREAD_ROWS: tuple[str, ...]
     THREADS_NAMED: str
+    LOCK_OWNED: str
+    ASSIGN_OWNER: str
     RECORD_PARK: str
     CLEAR_PARK: str
     LIVE_PARKS: str
@@ -893,14 +896,50 @@ def list_page(
 
 
 # --- deletes, pruning, copies ----------------------------------------------------------------
+#
+# Each first locks the threads it names and reads their owners (LOCK_OWNED), then checks
+# them, then acts, in one transaction: a thread the store does not hold is passed by (as
+# LangGraph's savers do), another user's is refused with StorageForbiddenError before
+# anything changes (SPEC W3), never passed by in silence.
+
+
+def _locked(q: SqlDialect, thread_ids: Sequence[str]) -> Program[dict[str, tuple[int, str]]]:
+    """Lock the threads of ``thread_ids`` the store holds; their tids and owners by id."""
+    rows = yield Sql(q.LOCK_OWNED, {"thread_ids": q.text_list(list(dict.fromkeys(thread_ids)))})
+    return {str(thread_id): (int(tid), str(owner)) for tid, thread_id, owner in rows}
+
+
+def _owned(
+    q: SqlDialect, thread_ids: Sequence[str], owner: str | None, action: str
+) -> Program[dict[str, int]]:
+    """Lock the threads of ``thread_ids`` the store holds; their tids by thread id.
+
+    Raises:
+        StorageForbiddenError: one belongs to another user than ``owner`` (``None``: any
+            owner may act); ``action`` says what was refused.
+    """
+    found = yield from _locked(q, thread_ids)
+    for thread_id, (_, thread_owner) in found.items():
+        _check(thread_id, thread_owner, owner, action)
+    return {thread_id: tid for thread_id, (tid, _) in found.items()}
+
+
+def _check(thread_id: str, thread_owner: str, owner: str | None, action: str) -> None:
+    check_owner(
+        thread_id=thread_id, owner=thread_owner, user_id=owner or "", enforce=owner is not None, action=action
+    )
 
 
 def delete_thread(q: SqlDialect, thread_id: str, owner: str | None) -> Program[bool]:
-    """Delete everything a thread holds; ``False`` when there was no such thread to see."""
-    tid = yield from _thread_tid(q, thread_id, owner)
-    if tid is None:
+    """Delete everything a thread holds; ``False`` when the store holds no such thread.
+
+    Raises:
+        StorageForbiddenError: the thread belongs to another user than ``owner``.
+    """
+    tids = yield from _owned(q, [thread_id], owner, "delete")
+    if not tids:
         return False
-    yield from delete_threads(q, [ExpiredThread(tid, thread_id, "")])
+    yield from delete_threads(q, [ExpiredThread(tids[thread_id], thread_id, "")])
     return True
 
 
@@ -910,17 +949,23 @@ def delete_for_runs(q: SqlDialect, run_ids: Sequence[str], owner: str | None) ->
     The threads concerned are locked first and the runs' checkpoints read again: a put in
     flight on one of them may reuse a value only those checkpoints refer to, and the values
     left unreferenced are collected only once that put's checkpoint can be seen.
+
+    Raises:
+        StorageForbiddenError: a run stored checkpoints on a thread of another user than
+            ``owner``; nothing is deleted.
     """
-    query = {"run_ids": q.text_list(list(run_ids)), "owner": owner}
+    query = {"run_ids": q.text_list(list(run_ids))}
     rows = yield Sql(q.SELECT_RUN_CHECKPOINTS, query)
     if not rows:
         return 0
-    locked = {int(tid) for tid, _, _ in rows}
+    _check_run_owners(rows, owner)
+    locked = {int(row[0]) for row in rows}
     yield _lock_threads(q, locked)
     rows = [row for row in (yield Sql(q.SELECT_RUN_CHECKPOINTS, query)) if int(row[0]) in locked]
+    _check_run_owners(rows, owner)  # under the lock: no owner changes now
     statements: list[Sql | SqlMany] = []
     touched: set[tuple[int, str]] = set()
-    for tid, ns, checkpoint_id in rows:
+    for tid, ns, checkpoint_id, _, _ in rows:
         params = {"tid": tid, "checkpoint_ns": ns, "checkpoint_id": checkpoint_id}
         statements += [Sql(q.DELETE_CHECKPOINT, params), Sql(q.DELETE_CHECKPOINT_WRITES, params)]
         touched.add((int(tid), ns))
@@ -932,18 +977,28 @@ def delete_for_runs(q: SqlDialect, run_ids: Sequence[str], owner: str | None) ->
     return len(rows)
 
 
+def _check_run_owners(rows: Sequence[Any], owner: str | None) -> None:
+    """Refuse a delete by run whose runs stored checkpoints on another user's thread."""
+    for _, _, _, thread_id, thread_owner in rows:
+        _check(thread_id, thread_owner, owner, "delete runs on")
+
+
 def prune(q: SqlDialect, thread_ids: Iterable[str], strategy: str, owner: str | None) -> Program[None]:
-    """LangGraph's ``prune``: ``keep_latest`` per namespace, or ``delete`` every checkpoint."""
+    """LangGraph's ``prune``: ``keep_latest`` per namespace, or ``delete`` every checkpoint.
+
+    Raises:
+        StorageForbiddenError: one of the threads belongs to another user than ``owner``;
+            no thread is pruned.
+    """
     if strategy not in ("keep_latest", "delete"):
         raise ValueError(f"prune strategy {strategy!r} is not 'keep_latest' or 'delete'")
-    for thread_id in thread_ids:
-        if strategy == "delete":
-            yield from delete_thread(q, thread_id, owner)
-            continue
-        tid = yield from _thread_tid(q, thread_id, owner)
-        if tid is None:
-            continue
-        yield _lock_threads(q, {tid})  # as delete_for_runs: after any put in flight
+    tids = yield from _owned(q, list(thread_ids), owner, "prune")
+    if strategy == "delete":
+        doomed = [ExpiredThread(tid, thread_id, "") for thread_id, tid in tids.items()]
+        if doomed:
+            yield from delete_threads(q, doomed)
+        return
+    for tid in tids.values():  # locked: after any put in flight, as delete_for_runs
         namespaces = yield Sql(q.SELECT_NAMESPACES, {"tid": tid})
         statements = [statement for (ns,) in namespaces for statement in _keep_newest(q, tid, ns, 1)]
         if statements:
@@ -951,24 +1006,34 @@ def prune(q: SqlDialect, thread_ids: Iterable[str], strategy: str, owner: str | 
 
 
 def copy_thread(q: SqlDialect, source: str, target: str, actor: Actor, now: float) -> Program[bool]:
-    """Copy every checkpoint, write and message of ``source`` onto ``target``.
+    """Copy every checkpoint, write and message of ``source`` onto ``target``; ``False``
+    (and nothing created) when the store holds no ``source``.
 
     Both threads are locked (in one statement, in tid order, so two crossing copies cannot
-    deadlock) before the copy statements run: a prune or a put of the source cannot commit
-    between the copy of its checkpoints and the copy of their values.
+    deadlock) before their owners are checked and the copy statements run: a prune or a put
+    of the source cannot commit between the copy of its checkpoints and the copy of their
+    values.
+
+    Raises:
+        StorageForbiddenError: ``source`` or ``target`` belongs to another user.
     """
-    source_tid = yield from _thread_tid(q, source, actor.owner_filter)
-    if source_tid is None:
+    found = yield from _locked(q, [source, target])
+    if source not in found:
         return False
-    results = yield Batch(
-        (
-            Sql(q.INSERT_THREAD, {"thread_id": target, "owner": actor.user_id, "now": now}),
-            Sql(q.THREAD_FOR_READ, {"thread_id": target, "owner": None}),
-            Sql(q.THREAD_OWNER, {"thread_id": target}),
+    source_tid, source_owner = found[source]
+    _check(source, source_owner, actor.owner_filter, "copy")
+    if target in found:
+        target_tid, owner = found[target]
+    else:
+        results = yield Batch(
+            (
+                Sql(q.INSERT_THREAD, {"thread_id": target, "owner": actor.user_id, "now": now}),
+                Sql(q.THREAD_FOR_READ, {"thread_id": target, "owner": None}),
+                Sql(q.THREAD_OWNER, {"thread_id": target}),
+            )
         )
-    )
-    ((target_tid,),), ((owner,),) = results[1], results[2]
-    check_owner(thread_id=target, owner=owner, user_id=actor.user_id, enforce=actor.checks_owner)
+        ((target_tid,),), ((owner,),) = results[1], results[2]
+    _check(target, owner, actor.owner_filter, "copy onto")
     params = {"source": source_tid, "target": target_tid}
     lock = _lock_threads(q, {source_tid, int(target_tid)})
     copies = [Sql(statement, params) for statement in q.COPY_THREAD]
@@ -976,6 +1041,26 @@ def copy_thread(q: SqlDialect, source: str, target: str, actor: Actor, now: floa
         copies.append(Sql(q.CLEAR_HEADS, {"tids": q.text_list([str(target_tid)])}))
     yield Batch((lock, *copies))
     return True
+
+
+def assign_owner(
+    q: SqlDialect, thread_ids: Sequence[str], user: str, force: bool
+) -> Program[dict[str, str | None]]:
+    """Hand ``thread_ids`` to ``user``, in one transaction; returns each thread's owner
+    before (``None``: the store holds no such thread).
+
+    Raises:
+        StorageForbiddenError: without ``force``, a thread belongs to another user than the
+            anonymous owner or ``user``; no thread changes owner.
+    """
+    wanted = list(dict.fromkeys(thread_ids))
+    rows = yield Sql(q.LOCK_OWNED, {"thread_ids": q.text_list(wanted)})
+    before = {str(thread_id): str(owner) for _, thread_id, owner in rows}
+    check_handover(before, user, force)
+    moved = [str(tid) for tid, _, owner in rows if owner != user]
+    if moved:
+        yield Sql(q.ASSIGN_OWNER, {"tids": q.text_list(moved), "owner": user})
+    return {thread_id: before.get(thread_id) for thread_id in wanted}
 
 
 # --- format gate, migrations, maintenance ---------------------------------------------------

@@ -264,11 +264,11 @@ LIST_ALL = _LIST_COLUMNS + "WHERE 1 = 1" + _LIST_CONDITIONS
 
 # --- deletes, pruning, copies --------------------------------------------------------------
 
+# Every owner's: a delete by run refuses runs on another user's threads (W3).
 SELECT_RUN_CHECKPOINTS = """
-SELECT c.tid, c.checkpoint_ns, c.checkpoint_id
+SELECT c.tid, c.checkpoint_ns, c.checkpoint_id, t.thread_id, t.owner
 FROM tk_checkpoints AS c JOIN tk_threads AS t ON t.tid = c.tid
 WHERE c.run_id IN (SELECT value FROM json_each(:run_ids))
-  AND (:owner IS NULL OR t.owner = :owner)
 """
 
 DELETE_CHECKPOINT = """
@@ -450,6 +450,13 @@ FINISHED_COUNT = f"SELECT count(*) FROM tk_threads AS t WHERE {_FINISHED}"
 WAITING_COUNT = f"SELECT count(*) FROM tk_threads AS t WHERE {_WAITING}"
 
 LOCK_THREADS = "SELECT 1"  # the transaction (BEGIN IMMEDIATE) already excludes writers
+
+# The named threads with their owners, for a delete, prune, copy or owner change to check
+# the owner of before it acts (the transaction holds the database: nothing changes between).
+LOCK_OWNED = "SELECT tid, thread_id, owner FROM tk_threads WHERE thread_id IN " + _IDS + " ORDER BY tid"
+
+# Hands threads to another owner (threadkeep.ThreadkeepSaver.assign_owner).
+ASSIGN_OWNER = "UPDATE tk_threads SET owner = :owner WHERE tid IN " + _TIDS
 
 # The threads' rows go first, and a sweep's only if they are still past the horizon and not
 # parked (a run may have started on one since the page was read); the statements after it

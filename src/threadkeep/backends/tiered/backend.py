@@ -14,8 +14,9 @@ Each operation is a tiered program over the Postgres provider's programs and the
   go to Postgres. The backend remembers which state the cache served as the newest of each
   thread (:class:`_Served`), so a write based on it, a branch too, needs it to still be the
   head (nothing of this goes into the configs LangGraph sees).
-- deletes, copies and prunes: Postgres, then the affected entries are cleared and held for a
-  while, so a write under way cannot bring the removed state back (``lua/forget.lua``).
+- deletes, copies, prunes and owner changes: Postgres (which refuses another user's thread
+  before anything changes), then the affected entries are cleared and held for a while, so a
+  write under way cannot bring the removed state back (``lua/forget.lua``).
 
 An entry is keyed by thread and user: under user isolation the user is the thread's owner
 (the only user who may read it; an operator's call looks the owner up), without isolation
@@ -285,6 +286,18 @@ class TieredBackend:
         yield Durable(lambda: self.durable.prune(ids, strategy, owner), write=True)
         for thread_id, user in zip(ids, users, strict=True):
             yield from self._forget(thread_id, user, removed=True)
+
+    def assign_owner(
+        self, thread_ids: Sequence[str], user: str, force: bool
+    ) -> Program[dict[str, str | None]]:
+        before: dict[str, str | None] = yield Durable(
+            lambda: self.durable.assign_owner(thread_ids, user, force), write=True
+        )
+        if self.isolate:  # the entries are the old owners': a read by them must not find one
+            for thread_id, owner in before.items():
+                if owner is not None and owner != user:
+                    yield from self._forget(thread_id, owner, removed=True)
+        return before
 
     # retention: Postgres keeps it; a swept thread's entry leaves with it -----------------------
 

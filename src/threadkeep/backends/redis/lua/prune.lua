@@ -2,9 +2,14 @@
 -- with its writes and the channel values it refers to.
 -- KEYS: the nine keys of the thread (see _prelude.lua).
 -- ARGV[1] owner filter ("" = any)
--- Returns how many checkpoints were removed; 0 for a thread Redis evicted part of (lost_part):
--- what is left is not pruned, but deleted whole by an operator (delete.lua).
-if lost_part() or (ARGV[1] ~= "" and redis.call("HGET", KEYS[1], "owner") ~= ARGV[1]) then
+-- Returns how many checkpoints were removed; 0 for no thread, or one Redis evicted part of
+-- (lost_part): what is left is not pruned, but deleted whole by an operator (delete.lua);
+-- -1 for a thread of another owner than ARGV[1] (nothing is removed: SPEC W3).
+local owner = redis.call("HGET", KEYS[1], "owner")
+if ARGV[1] ~= "" and owner and owner ~= ARGV[1] then
+    return -1
+end
+if not owner or lost_part() then
     return 0
 end
 local removed = 0
