@@ -16,6 +16,7 @@ from threadkeep.errors import (
     StaleStateError,
     StorageError,
     StorageForbiddenError,
+    StorageRefusedError,
     ThreadkeepError,
     ThreadRetentionError,
 )
@@ -44,6 +45,7 @@ __all__ = [
     "StaleStateError",
     "StorageError",
     "StorageForbiddenError",
+    "StorageRefusedError",
     "SweepResult",
     "ThreadRetention",
     "ThreadRetentionError",

@@ -31,6 +31,7 @@ def _engine(settings: Settings, **options: Any) -> PostgresEngine:
             PoolOptions,
             PostgresEngine,
             is_connection_error,
+            refusal,
         )
         from threadkeep.backends.postgres.queries import PLANNED_ONCE, PLANNED_ONCE_SETTINGS
     except ImportError as exc:  # pragma: no cover - exercised only without the extra
@@ -50,6 +51,7 @@ def _engine(settings: Settings, **options: Any) -> PostgresEngine:
             backoff=settings.retry_backoff_seconds,
             retryable=is_connection_error,
             store="postgres",
+            refused=refusal,
         ),
         options=PoolOptions(
             min_size=options.get("min_size", settings.pool_min_size),

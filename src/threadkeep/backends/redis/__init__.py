@@ -153,7 +153,7 @@ class RedisBackend:
 def open_redis_backend(settings: Settings, *, gate: bool = True, **options: Any) -> RedisBackend:
     """Open the Redis store the settings name; with ``gate``, run the format gate."""
     try:
-        from threadkeep.backends.redis.engine import RedisEngine, is_connection_error
+        from threadkeep.backends.redis.engine import RedisEngine, is_connection_error, refusal
         from threadkeep.backends.redis.keys import KeySpace
     except ImportError as exc:  # pragma: no cover - exercised only without the extra
         raise MissingExtraError("the redis provider needs redis-py: pip install 'threadkeep[redis]'") from exc
@@ -172,6 +172,7 @@ def open_redis_backend(settings: Settings, *, gate: bool = True, **options: Any)
             backoff=settings.retry_backoff_seconds,
             retryable=is_connection_error,
             store="redis",
+            refused=refusal,
         ),
         cluster=options.get("cluster"),
         client=client,
