@@ -815,10 +815,9 @@ def test_w4_failed_cancelled_timed_out_and_racing_calls_fail_no_call_after_them(
         outcomes.setdefault(kind, []).append(outcome)
 
     with open_checkpointer("postgres", f"{dsn} application_name={name}", settings=MIXED) as saver:
-        graph = build_agent(saver)
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute(POISON)
-        graph.invoke(turn_input(0), config("held"))
+        build_agent(saver).invoke(turn_input(0), config("held"))
 
         @contextlib.contextmanager
         def held() -> Iterator[None]:
@@ -829,15 +828,17 @@ def test_w4_failed_cancelled_timed_out_and_racing_calls_fail_no_call_after_them(
                 yield
                 holder.execute("ROLLBACK")
 
+        # A graph per call: its fake model's script is a generator that two runs at once
+        # (their nodes in threads) would step together.
         def call(thread_id: str) -> Any:
             try:
-                return graph.invoke(turn_input(0), config(thread_id))
+                return build_agent(saver).invoke(turn_input(0), config(thread_id))
             except ThreadkeepError as error:
                 return error
 
         async def acall(thread_id: str) -> Any:
             try:
-                return await graph.ainvoke(turn_input(0), config(thread_id))
+                return await build_agent(saver).ainvoke(turn_input(0), config(thread_id))
             except ThreadkeepError as error:
                 return error
 
@@ -914,19 +915,18 @@ def test_w4_double_submits_leave_the_shared_flush_on(provider: Any, caplog: pyte
 
     caplog.set_level(logging.INFO)
 
-    async def run(graph: Any, thread_id: str) -> Any:
-        try:
-            return await graph.ainvoke(turn_input(0), {"configurable": {"thread_id": thread_id}})
+    async def run(saver: Any, thread_id: str) -> Any:
+        try:  # a graph per run: its fake model's script is a generator two runs would share
+            return await build_agent(saver).ainvoke(turn_input(0), {"configurable": {"thread_id": thread_id}})
         except StaleStateError as error:
             return error
 
     async def main() -> None:
         dsn = postgres_schema(uuid.uuid4().hex)
         async with open_checkpointer("postgres", dsn, settings=FAST_RETRIES) as saver:
-            graph = build_agent(saver)
             for r in range(10):
                 threads = [f"double-{r}", f"double-{r}", *(f"other-{r}-{k}" for k in range(4))]
-                outcomes = await asyncio.gather(*(run(graph, thread) for thread in threads))
+                outcomes = await asyncio.gather(*(run(saver, thread) for thread in threads))
                 assert all(isinstance(o, (dict, StaleStateError)) for o in outcomes), outcomes
 
     asyncio.run(main())
