@@ -7,7 +7,9 @@ results nobody reads held back to travel with the next round trip or the COMMIT.
 connection (the server restarted, ``pg_terminate_backend``, a network cut), or one that did
 not answer within the command timeout (:mod:`.deadline`: a stopped backend, a connection a
 network device dropped without a word), retries the whole program on a fresh connection as
-the retry policy says (SPEC W4). The pools check a
+the retry policy says (SPEC W4); what the server refuses (a login, a database, a privilege,
+a statement: :func:`refusal`) is raised at once, and a try that failed leaves its connection
+to the pool only if nothing on it changed (:func:`_reusable`). The pools check a
 connection before lending it without a round trip (a backend the server already closed is
 replaced rather than used), and after a failure every idle connection is tested with one, so a
 server restart costs one retry, not one per pooled connection.

@@ -5,7 +5,9 @@ A program yields :class:`Script` (an atomic Lua script on one thread's keys),
 on every node). Scripts are loaded once per client and called with EVALSHA; redis-py loads
 a script again when the server answers NOSCRIPT (after a restart). A dropped connection
 retries the whole program as the retry policy says (SPEC W4): every script is atomic, and
-a step replayed after its reply was lost finds its checkpoint stored and passes.
+a step replayed after its reply was lost finds its checkpoint stored and passes. What the
+server refuses (a login, a command the ACL user may not run, an error reply: :func:`refusal`)
+is raised at once.
 """
 
 from __future__ import annotations
