@@ -31,6 +31,7 @@ def test_public_names_are_pinned() -> None:
         "StaleStateError",
         "StorageError",
         "StorageForbiddenError",
+        "StorageRefusedError",
         "SweepResult",
         "ThreadRetention",
         "ThreadRetentionError",

@@ -17,6 +17,7 @@ from threadkeep.errors import (
     StaleStateError,
     StorageError,
     StorageForbiddenError,
+    StorageRefusedError,
     ThreadkeepError,
     ThreadRetentionError,
 )
@@ -46,6 +47,7 @@ __all__ = [
     "StaleStateError",
     "StorageError",
     "StorageForbiddenError",
+    "StorageRefusedError",
     "SweepResult",
     "ThreadRetention",
     "ThreadRetentionError",

@@ -16,7 +16,11 @@ always with ``raise ... from exc`` so the original stays on ``__cause__``::
     └── StorageError                     STORAGE_000     unavailable
         ├── StaleStateError              STORAGE_CONFLICT_001  conflict
         ├── StorageForbiddenError        STORAGE_FORBIDDEN_001 forbidden (another user's thread)
-        └── CheckpointDeleteError        STORAGE_DELETE_001    unavailable
+        ├── CheckpointDeleteError        STORAGE_DELETE_001    unavailable
+        └── StorageRefusedError          STORAGE_REFUSED_001   unavailable  (the server refused: not retried)
+                                         STORAGE_AUTH_001        login refused
+                                         STORAGE_DATABASE_001    no such database
+                                         STORAGE_PERMISSION_001  a privilege missing
 
 ``kind`` groups the errors the HTTP layer maps to a status once: ``conflict`` 409,
 ``forbidden`` 403, ``unavailable`` 503, ``invalid`` 422.
@@ -41,6 +45,7 @@ __all__ = [
     "StaleStateError",
     "StorageError",
     "StorageForbiddenError",
+    "StorageRefusedError",
     "ThreadRetentionError",
     "ThreadkeepError",
 ]
@@ -234,3 +239,14 @@ class CheckpointDeleteError(StorageError):
     """Deleting a thread made no progress against a writer that keeps adding to it."""
 
     default_code = "STORAGE_DELETE_001"
+
+
+class StorageRefusedError(StorageError):
+    """The server answered, and refused: a login, a database that does not exist, a
+    privilege the role lacks, or a statement or command (an SQL error, a script error). It
+    is not a dropped connection, so it is raised at its first try, not retried; the message
+    names what was refused and what to do. ``code`` says which: ``STORAGE_AUTH_001``,
+    ``STORAGE_DATABASE_001``, ``STORAGE_PERMISSION_001``, or ``STORAGE_REFUSED_001`` for a
+    statement or command."""
+
+    default_code = "STORAGE_REFUSED_001"

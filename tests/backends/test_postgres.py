@@ -7,6 +7,7 @@ import collections
 import concurrent.futures
 import contextlib
 import functools
+import logging
 import subprocess
 import sys
 import threading
@@ -857,6 +858,7 @@ async def test_w4_a_shared_pipeline_whose_flush_fails_has_its_calls_tried_again(
         results = await asyncio.gather(*calls, return_exceptions=True)
         assert not [result for result in results if isinstance(result, BaseException)]
         assert "closing WAL flush of a shared pipeline" in caplog.text
+        assert 'relation "tk_flush" does not exist (SQLSTATE 42P01)' in caplog.text  # what failed it
         assert caplog.text.count("from now on each write") == 1
         insert = "INSERT INTO coalesced VALUES (%(k)s) RETURNING k, current_setting('synchronous_commit')"
         after = [engine.arun(_statement(insert, k=k), write=True, atomic=False) for k in range(10, 20)]
@@ -864,6 +866,41 @@ async def test_w4_a_shared_pipeline_whose_flush_fails_has_its_calls_tried_again(
         assert caplog.text.count("from now on each write") == 1
     with connect(dsn) as conn:
         assert [k for (k,) in conn.execute("SELECT k FROM coalesced ORDER BY k")] == list(range(20))
+
+
+async def test_w4_a_shared_flush_that_fails_for_a_passing_cause_keeps_sharing(
+    provider: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A flush that fails for a cause that passes (here its prepared statement dropped by a
+    ``DEALLOCATE ALL`` on its connection) has its pipeline's calls tried again, says what
+    failed it, and blames no privilege: the next pipelines still share a flush."""
+    caplog.set_level(logging.INFO)
+    table = "CREATE TABLE coalesced (k INTEGER PRIMARY KEY)"
+    settings = {"pool_min_size": 1, "pool_max_size": 1, "prepare_threshold": 0, "retry_backoff_seconds": 0.01}
+    async with _coalescing(table, **settings) as store:
+        engine = store.engine
+        insert = (
+            "INSERT INTO coalesced VALUES (%(k)s) ON CONFLICT DO NOTHING"
+            " RETURNING current_setting('synchronous_commit')"
+        )
+
+        async def inserts(keys: range) -> list[Any]:
+            return await asyncio.gather(
+                *(engine.arun(_statement(insert, k=k), write=True, atomic=False) for k in keys)
+            )
+
+        await inserts(range(10))
+        assert any("tk_flush" in statement for statement, _ in await _prepared_statements(engine))
+        await engine.arun(
+            _statement("DEALLOCATE ALL"), write=True, atomic=False
+        )  # shared, on the one connection
+        await inserts(range(10, 20))  # names gone: the flush fails once, its calls go again
+        assert await inserts(range(20, 30)) == [[("off",)]] * 10  # a shared flush after them
+    failed = [r for r in caplog.records if "closing WAL flush of a shared pipeline failed" in r.getMessage()]
+    assert failed, "the flush whose statement was dropped failed"
+    assert all("_tk" in r.getMessage() and "26000" in r.getMessage() for r in failed)
+    assert all(r.levelno < logging.WARNING for r in failed)
+    assert "grant" not in caplog.text
 
 
 async def test_a_coalesced_pipeline_leaves_no_setting_on_its_connection(provider: Any) -> None:

@@ -4,6 +4,7 @@ and leaves nothing half-written. And SPEC W2 when two writers queue on a thread'
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import logging
 import threading
@@ -741,3 +742,193 @@ def test_w4_a_step_whose_connection_died_unanswered_says_what_became_of_it(
         assert "may have run it" in str(failed.value)
         assert stored is not None
         assert stored.checkpoint["id"] == lost["id"]  # it was stored
+
+
+# A thread id the server refuses: a trigger raises for it when its thread row is inserted,
+# the first statement of its first write, so the rest of that round trip (statements due to
+# be prepared among them) is skipped. With program_limit_exceeded, an "index row too big"'s
+# SQLSTATE; it holds whatever ids the saver refuses before they reach the server.
+POISON = """
+CREATE FUNCTION tk_poison() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF NEW.thread_id LIKE 'poison-%' THEN
+        RAISE EXCEPTION 'poisoned thread id %', NEW.thread_id USING ERRCODE = 'program_limit_exceeded';
+    END IF;
+    RETURN NEW;
+END $$;
+CREATE TRIGGER tk_poison BEFORE INSERT ON tk_threads FOR EACH ROW EXECUTE FUNCTION tk_poison();
+"""
+# Long enough for a good call on a busy host; a call waiting on a held lock gives up after it.
+MIXED = Settings(
+    retry_backoff_seconds=0.05,
+    pool_min_size=1,
+    pool_max_size=2,
+    command_timeout_seconds=1,
+    pool_timeout_seconds=5,
+)
+
+
+def _mixed_round(r: int) -> list[str]:
+    """What round ``r`` of the mixed calls runs, besides its good call."""
+    kinds = ["bad"]
+    if r % 5 == 0:
+        kinds.append("too long")  # an id too long for the thread index (or refused up front)
+    if r % 3 == 0:
+        kinds.append("racing")
+    if r % 4 == 1:
+        kinds.append("cancelled")
+    if r in (10, 30):
+        kinds.append("timed out")
+    return kinds
+
+
+def _too_long_id() -> str:
+    import random
+    import string
+
+    return "".join(random.choices(string.ascii_letters, k=20_000))  # incompressible
+
+
+@pytest.mark.parametrize("api", ["sync", "async"])
+def test_w4_failed_cancelled_timed_out_and_racing_calls_fail_no_call_after_them(
+    provider: Any, api: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """W4: a few hundred calls on one saver, good ones among calls whose statements the server
+    refuses (some of them mid-round-trip, before statements due to be prepared), calls
+    cancelled mid-call (async), calls given up after the command timeout on a held lock, and
+    double-submits (two runs of one thread at once): every good call, during and after them,
+    succeeds, by this user and another, and no double-submit warns about the shared flush."""
+    import psycopg
+
+    from threadkeep import ThreadkeepError, user_scope
+
+    dsn = postgres_schema(uuid.uuid4().hex)
+    name = f"tk-mixed-{uuid.uuid4().hex[:8]}"
+    caplog.set_level(logging.INFO)
+    outcomes: dict[str, list[Any]] = {"good": [], "after": []}
+    rounds = 60
+
+    def config(thread_id: str) -> Any:
+        return {"configurable": {"thread_id": thread_id}}
+
+    def kept(kind: str, outcome: Any) -> None:
+        outcomes.setdefault(kind, []).append(outcome)
+
+    with open_checkpointer("postgres", f"{dsn} application_name={name}", settings=MIXED) as saver:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(POISON)
+        build_agent(saver).invoke(turn_input(0), config("held"))
+
+        @contextlib.contextmanager
+        def held() -> Iterator[None]:
+            """The thread 'held''s row locked by another connection meanwhile."""
+            with psycopg.connect(dsn, autocommit=True) as holder:
+                holder.execute("BEGIN")
+                holder.execute("SELECT 1 FROM tk_threads WHERE thread_id = 'held' FOR UPDATE")
+                yield
+                holder.execute("ROLLBACK")
+
+        # A graph per call: its fake model's script is a generator that two runs at once
+        # (their nodes in threads) would step together.
+        def call(thread_id: str) -> Any:
+            try:
+                return build_agent(saver).invoke(turn_input(0), config(thread_id))
+            except ThreadkeepError as error:
+                return error
+
+        async def acall(thread_id: str) -> Any:
+            try:
+                return await build_agent(saver).ainvoke(turn_input(0), config(thread_id))
+            except ThreadkeepError as error:
+                return error
+
+        async def cancelled(thread_id: str, steps: int | None) -> Any:
+            task = asyncio.create_task(acall(thread_id))
+            if steps is None:  # cancelled while its statement waits on the held row
+                with admin() as watcher:
+                    while lock_waiters(watcher, name) < 1 and not task.done():  # noqa: ASYNC110
+                        await asyncio.sleep(0.01)
+            else:  # cancelled at some step of its run
+                for _ in range(steps):
+                    await asyncio.sleep(0)
+            task.cancel()
+            return (await asyncio.gather(task, return_exceptions=True))[0]
+
+        def mixed_sync() -> None:
+            for r in range(rounds):
+                kinds = _mixed_round(r)
+                kept("bad", call(f"poison-{r}"))
+                if "too long" in kinds:
+                    kept("too long", call(_too_long_id()))
+                if "racing" in kinds:
+                    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+                        kept("racing", list(pool.map(call, [f"race-{r}"] * 2)))
+                if "timed out" in kinds:
+                    with held():
+                        kept("timed out", call("held"))
+                outcomes["good"].append(call(f"good-{r}"))
+            with user_scope("bob"):
+                outcomes["after"] = [call(f"after-{k}") for k in range(40)]
+
+        async def mixed_async() -> None:
+            for r in range(rounds):
+                kinds = _mixed_round(r)
+                kept("bad", await acall(f"poison-{r}"))
+                if "too long" in kinds:
+                    kept("too long", await acall(_too_long_id()))
+                if "racing" in kinds:
+                    kept("racing", await asyncio.gather(acall(f"race-{r}"), acall(f"race-{r}")))
+                if "cancelled" in kinds:
+                    kept("cancelled", await cancelled(f"cancel-{r}", r * 7 % 40))
+                if "timed out" in kinds:
+                    with held():
+                        kept("timed out", await acall("held"))
+                        kept("cancelled", await cancelled("held", None))
+                good, bad = await asyncio.gather(acall(f"good-{r}"), acall(f"poison-x{r}"))
+                outcomes["good"].append(good)
+                kept("bad", bad)
+            with user_scope("bob"):
+                outcomes["after"] = list(await asyncio.gather(*(acall(f"after-{k}") for k in range(40))))
+
+        if api == "sync":
+            mixed_sync()
+        else:
+            asyncio.run(mixed_async())
+
+    failed = [o for kind in ("good", "after") for o in outcomes[kind] if isinstance(o, BaseException)]
+    assert failed == [], f"{len(failed)} good calls failed, the first: {failed[:1]}"
+    assert all(isinstance(o, ThreadkeepError) for o in outcomes["bad"] + outcomes["too long"])
+    assert all(isinstance(o, StorageError) for o in outcomes["timed out"])
+    for pair in outcomes.get("racing", []):  # each run stored, or refused as stale
+        assert all(isinstance(o, (dict, StaleStateError)) for o in pair), pair
+    calls = sum(len(v) for v in outcomes.values()) + len(outcomes.get("racing", []))
+    assert calls >= 200
+    warned = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert [message for message in warned if "WAL flush" in message] == []
+
+
+def test_w4_double_submits_leave_the_shared_flush_on(provider: Any, caplog: pytest.LogCaptureFixture) -> None:
+    """Ten double-submits (two runs of one thread at once, one of them refused as stale or
+    both stored), among other runs sharing pipelines: no shared flush fails, so none warns
+    (nor turns sharing off)."""
+    from threadkeep.backends.postgres import engine as pg
+
+    caplog.set_level(logging.INFO)
+
+    async def run(saver: Any, thread_id: str) -> Any:
+        try:  # a graph per run: its fake model's script is a generator two runs would share
+            return await build_agent(saver).ainvoke(turn_input(0), {"configurable": {"thread_id": thread_id}})
+        except StaleStateError as error:
+            return error
+
+    async def main() -> None:
+        dsn = postgres_schema(uuid.uuid4().hex)
+        async with open_checkpointer("postgres", dsn, settings=FAST_RETRIES) as saver:
+            for r in range(10):
+                threads = [f"double-{r}", f"double-{r}", *(f"other-{r}-{k}" for k in range(4))]
+                outcomes = await asyncio.gather(*(run(saver, thread) for thread in threads))
+                assert all(isinstance(o, (dict, StaleStateError)) for o in outcomes), outcomes
+
+    asyncio.run(main())
+    logged = [r.getMessage() for r in caplog.records if r.name == pg.logger.name]
+    assert [message for message in logged if "WAL flush" in message] == []

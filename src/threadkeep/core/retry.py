@@ -2,8 +2,11 @@
 
 A dropped connection retries the whole transaction on a fresh connection: ``attempts`` in
 all, waiting ``backoff`` seconds before the second and doubling each time (1 s, then 2 s by
-default). Anything else, and a connection failure that outlasts the attempts, becomes a
-``StorageError`` at once: a run fails visibly instead of continuing on unsaved state.
+default). An error that is the server's answer (a login refused, a database missing, a
+privilege lacking, a statement refused: the engine's ``refused`` rule names it) becomes a
+``StorageRefusedError`` at once, named as what it is; anything else, and a connection
+failure that outlasts the attempts, a ``StorageError`` at once: a run fails visibly instead
+of continuing on unsaved state.
 """
 
 from __future__ import annotations
@@ -14,9 +17,9 @@ import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from threadkeep.errors import StorageError, ThreadkeepError
+from threadkeep.errors import StorageError, StorageRefusedError, ThreadkeepError
 
-__all__ = ["RetryPolicy", "Tries", "maintenance", "under_maintenance"]
+__all__ = ["Refusal", "RetryPolicy", "Tries", "maintenance", "under_maintenance"]
 
 logger = logging.getLogger("threadkeep.retry")
 
@@ -41,6 +44,26 @@ def under_maintenance() -> bool:
 
 
 @dataclass(frozen=True, slots=True)
+class Refusal:
+    """What an error the server answered with is (an engine's ``refused`` rule tells).
+
+    Attributes:
+        code: The :class:`StorageRefusedError` code: ``STORAGE_AUTH_001``,
+            ``STORAGE_DATABASE_001``, ``STORAGE_PERMISSION_001`` or ``STORAGE_REFUSED_001``.
+        what: What the server refused, after "the <store> store ...".
+        todo: What to do about it.
+    """
+
+    code: str
+    what: str
+    todo: str
+
+
+def _never_refused(error: BaseException) -> Refusal | None:
+    return None
+
+
+@dataclass(frozen=True, slots=True)
 class RetryPolicy:
     """Retries of one engine.
 
@@ -49,12 +72,16 @@ class RetryPolicy:
         backoff: Seconds before the second try; each later wait doubles.
         retryable: Whether an exception means the connection dropped.
         store: Names the store in error messages.
+        refused: What an exception is when it is the server's refusal, asked before
+            ``retryable`` (a refused login is a connection error to some drivers); None
+            for anything else.
     """
 
     attempts: int
     backoff: float
     retryable: Callable[[BaseException], bool]
     store: str
+    refused: Callable[[BaseException], Refusal | None] = _never_refused
 
     def delay_after(
         self, error: BaseException, attempt: int, *, unconfirmed: bool = False, write: bool = True
@@ -68,22 +95,25 @@ class RetryPolicy:
 
         Raises:
             ThreadkeepError: ``error`` itself when it is one of ours (a conflict, a refusal).
+            StorageRefusedError: the server refused (``refused`` names it): not retried.
             StorageError: the error is not a dropped connection, or it was the last try.
         """
         if isinstance(error, ThreadkeepError):
             raise error
+        refusal = self.refused(error)
+        if refusal is not None:
+            raise StorageRefusedError(
+                f"the {self.store} store {refusal.what}: {error}. {refusal.todo}. Not retried: the server"
+                f" answered, the connection did not drop{_outcome(write, unconfirmed)}",
+                code=refusal.code,
+                context={"attempts": attempt},
+            ) from error
         if not self.retryable(error):
-            raise StorageError(f"the {self.store} store failed: {error}") from error
+            raise StorageError(
+                f"the {self.store} store failed: {error}", context={"attempts": attempt}
+            ) from error
         if attempt >= self.attempts:
-            if not write:
-                outcome = ""
-            elif unconfirmed:
-                outcome = (
-                    "; a try got no answer and the server may have run it or still run it:"
-                    " a step is stored whole or not at all"
-                )
-            else:
-                outcome = "; nothing of this step was stored"
+            outcome = _outcome(write, unconfirmed)
             raise StorageError(
                 f"the {self.store} store was unreachable after {attempt} attempt{'s' if attempt > 1 else ''}:"
                 f" {error}{outcome}",
@@ -99,6 +129,18 @@ class RetryPolicy:
             delay,
         )
         return delay
+
+
+def _outcome(write: bool, unconfirmed: bool) -> str:
+    """What became of a write whose tries failed (nothing to say of a read's)."""
+    if not write:
+        return ""
+    if unconfirmed:
+        return (
+            "; a try got no answer and the server may have run it or still run it:"
+            " a step is stored whole or not at all"
+        )
+    return "; nothing of this step was stored"
 
 
 @dataclass(slots=True)

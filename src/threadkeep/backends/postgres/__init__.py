@@ -9,7 +9,13 @@ from __future__ import annotations
 from typing import Any
 
 from threadkeep.backends.postgres import queries
-from threadkeep.backends.postgres.engine import PlannedOnce, PoolOptions, PostgresEngine, is_connection_error
+from threadkeep.backends.postgres.engine import (
+    PlannedOnce,
+    PoolOptions,
+    PostgresEngine,
+    is_connection_error,
+    refusal,
+)
 from threadkeep.backends.sql.backend import SqlBackend, load_migrations
 from threadkeep.core.retry import RetryPolicy
 from threadkeep.errors import ConfigurationError
@@ -47,6 +53,7 @@ def _engine(settings: Settings, **options: Any) -> PostgresEngine:
             backoff=settings.retry_backoff_seconds,
             retryable=is_connection_error,
             store="postgres",
+            refused=refusal,
         ),
         options=PoolOptions(
             min_size=options.get("min_size", settings.pool_min_size),

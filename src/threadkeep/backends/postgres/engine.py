@@ -7,7 +7,9 @@ results nobody reads held back to travel with the next round trip or the COMMIT.
 connection (the server restarted, ``pg_terminate_backend``, a network cut), or one that did
 not answer within the command timeout (:mod:`.deadline`: a stopped backend, a connection a
 network device dropped without a word), retries the whole program on a fresh connection as
-the retry policy says (SPEC W4). The pools check a
+the retry policy says (SPEC W4); what the server refuses (a login, a database, a privilege,
+a statement: :func:`refusal`) is raised at once, and a try that failed leaves its connection
+to the pool only if nothing on it changed (:func:`_reusable`). The pools check a
 connection before lending it without a round trip (a backend the server already closed is
 replaced rather than used), and after a failure every idle connection is tested with one, so a
 server restart costs one retry, not one per pooled connection.
@@ -23,7 +25,6 @@ with those of the other calls waiting, in one pipeline with a Sync after each
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import contextvars
 import functools
 import logging
@@ -45,10 +46,10 @@ from threadkeep.backends.postgres import wire
 from threadkeep.backends.postgres.deadline import checks_bounded, timed_classes
 from threadkeep.backends.postgres.queries import FLUSH_WAL
 from threadkeep.core.program import Batch, Program, ProgramFactory, Sql, SqlMany, drive, drive_async
-from threadkeep.core.retry import RetryPolicy, Tries
+from threadkeep.core.retry import Refusal, RetryPolicy, Tries
 from threadkeep.errors import StorageError
 
-__all__ = ["PlannedOnce", "PoolOptions", "PostgresEngine", "is_connection_error"]
+__all__ = ["PlannedOnce", "PoolOptions", "PostgresEngine", "is_connection_error", "refusal"]
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -79,8 +80,92 @@ async def check_alive_async(conn: psycopg.AsyncConnection[Any]) -> None:
 
 
 def is_connection_error(error: BaseException) -> bool:
-    """Whether ``error`` means the connection (or the server) went away: worth a retry."""
+    """Whether ``error`` means the connection (or the server) went away, or the connection
+    lost a prepared statement: worth a retry, on a new connection. What :func:`refusal`
+    names is asked first, and never retried."""
+    if isinstance(error, psycopg.errors.InvalidSqlStatementName):
+        return True
     return isinstance(error, (psycopg.OperationalError, psycopg.InterfaceError, PoolTimeout))
+
+
+# SQLSTATE classes of an error that passes: a connection exception (08), a transaction rolled
+# back by a serialization failure or a deadlock (40), resources short for now (53: too many
+# connections, out of memory, disk full), a lock not available (55P03), an operator's
+# intervention (57: a shutdown, a restart, a cancel), a system error (58: I/O), and a
+# prepared statement its connection lost (26000: a DEALLOCATE ALL on it; the connection is
+# replaced, see _reusable).
+_PASSING: Final = ("08", "26000", "40", "53", "55P03", "57", "58")
+_AUTH: Final = Refusal(
+    "STORAGE_AUTH_001",
+    "refused the login",
+    "Check the user and password of the connection string (or PGUSER, PGPASSWORD, ~/.pgpass), that"
+    " the role exists and may log in (CREATE ROLE ... LOGIN PASSWORD ...), and pg_hba.conf",
+)
+_DATABASE: Final = Refusal(
+    "STORAGE_DATABASE_001",
+    "has no such database",
+    "Create it (CREATE DATABASE), or name an existing one as dbname in the connection string",
+)
+_SCHEMA: Final = Refusal(
+    "STORAGE_DATABASE_001",
+    "has no schema the role may use on its search_path",
+    "Name an existing schema in the connection string (options='-c search_path=<schema>') and grant the"
+    " role threadkeep connects as USAGE and CREATE on it",
+)
+_PERMISSION: Final = Refusal(
+    "STORAGE_PERMISSION_001",
+    "refused a privilege to the role threadkeep connects as",
+    "Grant it USAGE and CREATE on the schema and SELECT, INSERT, UPDATE and DELETE on the tk_ tables"
+    " (docs/settings.md), or connect as the role that owns them",
+)
+_STATEMENT: Final = Refusal(
+    "STORAGE_REFUSED_001",
+    "refused a statement",
+    "Fix what the server names (a value too large for an index, a constraint, a changed schema)",
+)
+# A connection refused by the server before it has a session: libpq gives the server's
+# message without its SQLSTATE. Other failures to connect (refused, timed out, "the database
+# system is starting up", "too many clients") pass, and are retried.
+_REFUSED_LOGINS: Final = (
+    (re.compile(r'database ".*" does not exist'), _DATABASE),
+    (re.compile(r"permission denied for database"), _PERMISSION),
+    (
+        re.compile(
+            r"authentication failed|role \".*\" does not exist|is not permitted to log in"
+            r"|no pg_hba\.conf entry|no password supplied|password is required"
+        ),
+        _AUTH,
+    ),
+)
+
+
+def refusal(error: BaseException) -> Refusal | None:
+    """What ``error`` is, if the server refused (a login, a database, a privilege, a
+    statement), by its SQLSTATE (class 28 a login, 3D000 a database, 3F000 a schema missing
+    or not usable, 42501 a privilege, any other but :data:`_PASSING` a statement); for a
+    connection refused before it had a session, by libpq's message. None for a dropped
+    connection, and for what is not the server's."""
+    if not isinstance(error, psycopg.Error):
+        return None
+    sqlstate = error.sqlstate
+    if sqlstate is None:
+        if not isinstance(error, psycopg.OperationalError):
+            return None
+        message = str(error)
+        return next((refused for pattern, refused in _REFUSED_LOGINS if pattern.search(message)), None)
+    if sqlstate.startswith(_PASSING):
+        return None
+    if sqlstate.startswith("28"):
+        refused = _AUTH
+    elif sqlstate == "3D000":
+        refused = _DATABASE
+    elif sqlstate == "3F000":
+        refused = _SCHEMA
+    elif sqlstate == "42501":
+        refused = _PERMISSION
+    else:
+        refused = _STATEMENT
+    return replace(refused, what=f"{refused.what} (SQLSTATE {sqlstate})")
 
 
 @dataclass(frozen=True, slots=True)
@@ -321,14 +406,16 @@ class PostgresEngine:
         prepare: _Preparing,
         in_flight: _InFlight,
     ) -> T:
+        in_flight.spoilt = False
         with connection as conn:
             try:
                 return drive(
                     _round_trips(make(), transaction, in_flight),
                     partial(_send_tracked, conn, prepare, in_flight),
                 )
-            except BaseException:
-                _rollback(conn)
+            except BaseException as error:
+                if not _reusable(conn, error, in_flight):
+                    conn.close()
                 raise
 
     async def arun(self, make: ProgramFactory[T], *, write: bool = False, atomic: bool = True) -> T:
@@ -357,13 +444,15 @@ class PostgresEngine:
                             request = program.send(reply)
                         except StopIteration as stop:
                             return stop.value  # type: ignore[no-any-return]
+                in_flight.spoilt = False
                 async with pool.connection() as conn:
                     try:
                         return await drive_async(
                             program, partial(_send_async_tracked, conn, prepare, in_flight), request
                         )
-                    except BaseException:
-                        await _rollback_async(conn)
+                    except BaseException as error:
+                        if not _reusable(conn, error, in_flight):
+                            await conn.close()
                         raise
             except Exception as error:
                 self._refuse_if_closed()
@@ -427,6 +516,8 @@ class _InFlight:
 
     commits: bool = False
     unanswered: bool = False
+    # a round trip of the current try failed, or was cancelled: its connection is closed
+    spoilt: bool = False
 
     def __call__(self, error: BaseException) -> bool:
         unanswered, self.unanswered = self.unanswered, False
@@ -671,7 +762,11 @@ def _send_tracked(
 ) -> list[Any]:
     """:func:`_send`, with ``in_flight`` knowing while a round trip that may commit is out."""
     in_flight.sending()
-    results = _send(conn, statements, prepare)
+    try:
+        results = _send(conn, statements, prepare)
+    except BaseException:
+        in_flight.spoilt = True
+        raise
     in_flight.unanswered = False
     return results
 
@@ -708,11 +803,27 @@ def _returns_rows(cursor: psycopg.Cursor[Any] | psycopg.AsyncCursor[Any]) -> boo
     return result is not None and (result.nfields > 0 or result.status == psycopg.pq.ExecStatus.TUPLES_OK)
 
 
-def _rollback(conn: psycopg.Connection[Any]) -> None:
-    """End a transaction a failure left open, so the pool gets the connection back clean."""
-    if not conn.closed and conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
-        with contextlib.suppress(psycopg.Error):
-            conn.execute("ROLLBACK")
+def _reusable(
+    conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any], error: BaseException, in_flight: _InFlight
+) -> bool:
+    """Whether the connection of a try that failed with ``error`` may serve another call:
+    only if the program failed by itself (no round trip of the try failed, nothing was
+    cancelled) with no transaction open, so that nothing on the connection changed.
+
+    Any other is closed (the pool opens a new one), not rolled back: after a failed
+    statement, a cancelled call or a timeout, its prepared statements are not known for
+    sure. psycopg's pipeline, left by an error, keeps the names of the statements it was
+    to prepare after it, whose Parse the server skipped (the next call running one fails:
+    ``prepared statement "_pg3_5" does not exist``); a ROLLBACK on a connection where
+    psycopg prepared statements makes it send ``DEALLOCATE ALL``, which drops the shared
+    pipelines' prepared statements too (:mod:`.wire`); a cancelled wait leaves results
+    unread. A failure costs its call a new connection, and no other call anything."""
+    return (
+        isinstance(error, Exception)
+        and not in_flight.spoilt
+        and not conn.closed
+        and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    )
 
 
 async def _send_async(
@@ -740,7 +851,11 @@ async def _send_async_tracked(
     statements: list[_Statement],
 ) -> list[Any]:
     in_flight.sending()
-    results = await _send_async(conn, statements, prepare)
+    try:
+        results = await _send_async(conn, statements, prepare)
+    except BaseException:
+        in_flight.spoilt = True
+        raise
     in_flight.unanswered = False
     return results
 
@@ -786,20 +901,41 @@ _WAL_FLUSH: Final = Sql(FLUSH_WAL, {})
 class _SharedFlush:
     """Whether an engine's shared pipelines of several writes share one WAL flush
     (:data:`_WAL_FLUSH`). Off where the engine was told so (the tiered store: its cache must
-    never hold what Postgres could still lose), and from the first flush that failed: the
-    causes (no privilege on ``tk_flush``, a table or replica identity gone) last, and each
-    failure costs every call of its pipeline a try."""
+    never hold what Postgres could still lose), and from the first flush that failed for a
+    cause that lasts (:data:`_LASTING`: no privilege on ``tk_flush``, the table or a column
+    gone, a publication that needs a replica identity); each such failure would cost every
+    call of its pipeline a try. A failure that passes (a serialization failure, a cancel, a
+    prepared statement dropped by a ``DEALLOCATE ALL``) costs its pipeline's calls a try,
+    and sharing stays on."""
 
     on: bool
 
-    def failed(self) -> None:
-        if self.on:
+    def failed(self, failure: wire.Failure) -> None:
+        lasting = failure.sqlstate is not None and failure.sqlstate.startswith(_LASTING)
+        if lasting and self.on:
             self.on = False
-            logger.warning(
-                "the closing WAL flush of a shared pipeline (an upsert of tk_flush) failed; from now on "
-                "each write of a shared pipeline waits for its own flush, as before migration 0009 "
-                "(grant INSERT, SELECT and UPDATE on tk_flush to the role threadkeep connects as)"
+            todo = (
+                "grant INSERT, SELECT and UPDATE on tk_flush to the role threadkeep connects as"
+                if failure.sqlstate == _NO_PRIVILEGE
+                else "check tk_flush (migration 0009) and the publications of its schema"
             )
+            logger.warning(
+                "the closing WAL flush of a shared pipeline (an upsert of tk_flush) failed: %s; from now "
+                "on each write of a shared pipeline waits for its own flush, as before migration 0009 (%s)",
+                failure,
+                todo,
+            )
+        elif not lasting:
+            logger.info(
+                "the closing WAL flush of a shared pipeline failed: %s; its calls are tried again", failure
+            )
+
+
+# SQLSTATEs of a flush failure that lasts: its statement or privileges (class 42: no
+# privilege, no such table or column) or its table's state (55000: a publication of its
+# updates and no replica identity).
+_LASTING: Final = ("42", "55000")
+_NO_PRIVILEGE: Final = "42501"
 
 
 def _flushed(rows: list[list[Any]] | None) -> bool:
@@ -808,6 +944,8 @@ def _flushed(rows: list[list[Any]] | None) -> bool:
     return rows is not None and len(rows) == 1 and len(rows[0]) == 1
 
 
+# A closing flush that committed without its row (it cannot: an upsert writes one).
+_NO_ROW: Final = wire.Failure(None, "the upsert of tk_flush returned no row")
 # Why the calls of a shared pipeline whose closing flush failed are retried.
 _UNFLUSHED: Final = (
     "the closing WAL flush of a shared pipeline (an upsert of tk_flush) failed, so its writes may not"
@@ -978,7 +1116,7 @@ class _Coalescer:
                     trips = pipeline.judge(await wire.wait(conn, pipeline.exchange(), self.deadline))
                     pipeline.end()
                     if flushed_later and not _flushed(trips.pop()):
-                        self.shared_flush.failed()
+                        self.shared_flush.failed(pipeline.failures[-1] or _NO_ROW)
                         raise psycopg.OperationalError(_UNFLUSHED)
                 except BaseException:
                     # what reached the server, and what is left to read, is not known
@@ -1001,9 +1139,3 @@ class _Coalescer:
         for waiting in batch:
             if not waiting.reply.done():
                 waiting.reply.set_result(_ALONE)
-
-
-async def _rollback_async(conn: psycopg.AsyncConnection[Any]) -> None:
-    if not conn.closed and conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
-        with contextlib.suppress(psycopg.Error):
-            await conn.execute("ROLLBACK")

@@ -38,7 +38,7 @@ from psycopg.waiting import READY_R, READY_W, WAIT_R, WAIT_W
 
 from threadkeep.backends.postgres.deadline import NoAnswer, give_up_async
 
-__all__ = ["WirePipeline", "wait"]
+__all__ = ["Failure", "WirePipeline", "wait"]
 
 _PLACEHOLDER = re.compile(r"%\(([^)]+)\)([sbt])|%%|%")
 _OK: Final = (pq.ExecStatus.TUPLES_OK, pq.ExecStatus.COMMAND_OK)
@@ -46,6 +46,7 @@ _ROWS: Final = pq.ExecStatus.TUPLES_OK
 _SYNC: Final = pq.ExecStatus.PIPELINE_SYNC
 _FAILED: Final = pq.ExecStatus.FATAL_ERROR
 _SQLSTATE: Final = pq.DiagnosticField.SQLSTATE
+_MESSAGE: Final = pq.DiagnosticField.MESSAGE_PRIMARY
 _UNKNOWN_NAME: Final = b"26000"  # invalid_sql_statement_name: a prepared statement that is gone
 _BINARY: Final = pq.Format.BINARY
 # Statements prepared (and counted) per connection at most; past it, new ones run unprepared.
@@ -96,6 +97,17 @@ def _converted(sql: str, encoding: str) -> _Converted:
     return _Converted("".join(parts).encode(encoding), tuple(names), tuple(formats))
 
 
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """Why a round trip of a pipeline rolled back: the server's SQLSTATE and message."""
+
+    sqlstate: str | None
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.message} (SQLSTATE {self.sqlstate})" if self.sqlstate else self.message
+
+
 @dataclass(slots=True)
 class Prepared:
     """The statements one connection has prepared (by query and parameter types), and how
@@ -139,6 +151,8 @@ class WirePipeline:
         self.parsing: dict[tuple[bytes, tuple[int, ...]], bytes] = {}
         # the rows of statements read in chunks, by their results' place in the exchange
         self.streamed: dict[int, list[Any]] = {}
+        # what :meth:`judge` found failed each round trip (None: it committed)
+        self.failures: list[Failure | None] = []
         self.chunks = True
         self.pgconn.enter_pipeline_mode()
 
@@ -279,10 +293,11 @@ class WirePipeline:
         ``groups`` (what :meth:`exchange` read), or None for a round trip that rolled back:
         one whose statement failed, or was skipped after a failure, or whose COMMIT at its
         Sync failed (an error after its statements' results: a deferred constraint, or a
-        serialization failure where the server's default isolation is not READ COMMITTED).
+        serialization failure where the server's default isolation is not READ COMMITTED);
+        :attr:`failures` then says what failed each.
 
         A statement that ran under a name the server no longer knows (a ``DEALLOCATE ALL``
-        on the connection: psycopg sends one after some statements, a ``ROLLBACK`` among
+        on the connection: psycopg sends one after some statements, a ``DROP`` among
         them) makes the connection forget the names of earlier pipelines, and their
         statements are prepared again; the statements this pipeline prepared are named.
 
@@ -291,6 +306,7 @@ class WirePipeline:
                 statements (never, from a server that follows the protocol).
         """
         trips: list[list[list[Any]] | None] = []
+        self.failures = []
         parsed: list[tuple[bytes, tuple[int, ...]]] = []
         forget = False
         at = 0
@@ -322,6 +338,7 @@ class WirePipeline:
                 if result.status == _FAILED and result.error_field(_SQLSTATE) == _UNKNOWN_NAME:
                     forget = True
             trips.append(rows)
+            self.failures.append(None if rows is not None else self._failure(segment))
         prepared = self.prepared
         if forget:  # earlier pipelines' names are gone; this one's Parses made new ones
             prepared.names.clear()
@@ -330,6 +347,18 @@ class WirePipeline:
             prepared.names[key] = self.parsing[key]
             prepared.runs.pop(key, None)
         return trips
+
+    def _failure(self, segment: list[list[Any]]) -> Failure:
+        """What failed a round trip that rolled back: the first error among its results."""
+        for group in segment:
+            for result in group:
+                if result.status == _FAILED:
+                    sqlstate = result.error_field(_SQLSTATE)
+                    message = result.error_field(_MESSAGE) or b""
+                    return Failure(
+                        sqlstate.decode() if sqlstate else None, message.decode(self.encoding, "replace")
+                    )
+        return Failure(None, "the round trip was skipped or rolled back")
 
     def _rows(self, result: Any) -> list[Any]:
         """The rows of a result that holds rows (a statement's, or a chunk of them)."""

@@ -16,7 +16,7 @@ from langgraph.checkpoint.base import CheckpointTuple
 from langgraph.checkpoint.serde.base import SerializerProtocol
 
 from threadkeep.backends.redis import programs
-from threadkeep.backends.redis.engine import RedisEngine, is_connection_error
+from threadkeep.backends.redis.engine import RedisEngine, is_connection_error, refusal
 from threadkeep.backends.redis.keys import KeySpace
 from threadkeep.core.identity import Actor
 from threadkeep.core.messages import ContentCache, EncodingMemo
@@ -172,6 +172,7 @@ def open_redis_backend(settings: Settings, *, gate: bool = True, **options: Any)
             backoff=settings.retry_backoff_seconds,
             retryable=is_connection_error,
             store="redis",
+            refused=refusal,
         ),
         cluster=options.get("cluster"),
         client=client,

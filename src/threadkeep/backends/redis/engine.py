@@ -5,7 +5,9 @@ A program yields :class:`Script` (an atomic Lua script on one thread's keys),
 on every node). Scripts are loaded once per client and called with EVALSHA; redis-py loads
 a script again when the server answers NOSCRIPT (after a restart). A dropped connection
 retries the whole program as the retry policy says (SPEC W4): every script is atomic, and
-a step replayed after its reply was lost finds its checkpoint stored and passes.
+a step replayed after its reply was lost finds its checkpoint stored and passes. What the
+server refuses (a login, a command the ACL user may not run, an error reply: :func:`refusal`)
+is raised at once.
 """
 
 from __future__ import annotations
@@ -29,11 +31,16 @@ import redis.asyncio.retry
 import redis.cluster
 from redis.backoff import NoBackoff
 from redis.exceptions import (
+    AuthenticationError,
+    AuthenticationWrongNumberOfArgsError,
     BusyLoadingError,
     ClusterDownError,
     MaxConnectionsError,
+    NoPermissionError,
+    ReadOnlyError,
     RedisClusterException,
     RedisError,
+    ResponseError,
     SlotNotCoveredError,
     TryAgainError,
 )
@@ -43,10 +50,10 @@ from redis.retry import Retry
 
 from threadkeep.backends.closing import PerLoop, close_elsewhere
 from threadkeep.core.program import Program, ProgramFactory, drive, drive_async
-from threadkeep.core.retry import RetryPolicy, Tries
+from threadkeep.core.retry import Refusal, RetryPolicy, Tries
 from threadkeep.errors import StorageError
 
-__all__ = ["Command", "RedisEngine", "Scan", "Script", "is_connection_error", "script_source"]
+__all__ = ["Command", "RedisEngine", "Scan", "Script", "is_connection_error", "refusal", "script_source"]
 
 T = TypeVar("T")
 
@@ -135,6 +142,44 @@ def is_connection_error(error: BaseException) -> bool:
     return isinstance(
         error, (RedisConnectionError, RedisTimeoutError, BusyLoadingError, ClusterDownError, TryAgainError)
     )
+
+
+_AUTH: Final = Refusal(
+    "STORAGE_AUTH_001",
+    "refused the login",
+    "Check the user and password of the Redis URL (redis://user:password@host:port/db) against the"
+    " server's requirepass or ACL users",
+)
+_PERMISSION: Final = Refusal(
+    "STORAGE_PERMISSION_001",
+    "refused a command to the ACL user threadkeep connects as",
+    "Grant the user the commands threadkeep runs (EVALSHA, SCRIPT LOAD, GET, SET, DEL, SCAN, ...) on its"
+    " key prefix's keys (ACL SETUSER ... ~<prefix>:* ...), or connect as a user that has them",
+)
+_COMMAND: Final = Refusal(
+    "STORAGE_REFUSED_001",
+    "refused a command",
+    "Fix what the server names (a script error, a key of another type, maxmemory reached)",
+)
+
+
+def refusal(error: BaseException) -> Refusal | None:
+    """What ``error`` is, if the server refused: a login (WRONGPASS, NOAUTH: redis-py
+    raises them as connection errors), a command the ACL user may not run (NOPERM), or a
+    command or script (an error reply). None for a dropped connection, a server loading or
+    a cluster moving slots (:func:`is_connection_error`), a replica that became read-only
+    in a failover, and what is not the server's."""
+    if isinstance(error, (AuthenticationError, AuthenticationWrongNumberOfArgsError)):
+        return _AUTH
+    if isinstance(error, NoPermissionError):
+        return _PERMISSION
+    if (
+        isinstance(error, ResponseError)
+        and not isinstance(error, ReadOnlyError)
+        and not is_connection_error(error)
+    ):
+        return _COMMAND
+    return None
 
 
 # What a call on a client with no gate (see RedisEngine._async) waits in: nothing.
