@@ -22,10 +22,11 @@ from langgraph.func import entrypoint, task
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.message import REMOVE_ALL_MESSAGES, add_messages
 from langgraph.prebuilt import ToolNode
-from langgraph.types import Command, RetryPolicy, Send, interrupt
+from langgraph.types import Command, RetryPolicy, Send, StateUpdate, interrupt
 
 from tests.providers import Opener
 from tests.reference import Recorder, compare_with_langgraph
+from threadkeep import user_scope
 
 
 @pytest.fixture(params=["sync", "async"])
@@ -637,3 +638,58 @@ def test_messages_from_parallel_nodes_and_in_plain_lists(api: str, durability: s
     seen = compare_with_langgraph(scenario, saver, api, durability)
     final = [item for kind, item in seen if kind == "invoke"][-1]
     assert len(final["log"]) == 12
+
+
+# --- the configs LangGraph hands back, on a thread a user owns --------------------------------
+
+
+def _config_round_trips(run: Recorder, checkpointer: Any, config: RunnableConfig) -> None:
+    """Time travel reads with ``state.config``, ``invoke(None, update_state(...))`` and a
+    two-step ``bulk_update_state``: LangGraph carries on with the configs the saver
+    returned, which hold only the thread, namespace and checkpoint id."""
+    builder = StateGraph(Doc)
+    builder.add_node("a", lambda state: {"notes": ["a"]})
+    builder.add_node("b", lambda state: {"notes": ["b"]})
+    builder.add_edge(START, "a")
+    builder.add_edge("a", "b")
+    graph = builder.compile(checkpointer=checkpointer)
+    run.invoke(graph, {"topic": "t"}, config)
+    for state in run.history(graph, config):
+        run.state(graph, state.config)
+    updated = run.call(
+        lambda: graph.update_state(config, {"notes": ["u"]}, as_node="a"),
+        lambda: graph.aupdate_state(config, {"notes": ["u"]}, as_node="a"),
+    )
+    run.invoke(graph, None, updated)
+    steps = [[StateUpdate({"notes": ["s1"]}, "a")], [StateUpdate({"notes": ["s2"]}, "a")]]
+    run.note(
+        "bulk",
+        run.call(
+            lambda: graph.bulk_update_state(config, steps), lambda: graph.abulk_update_state(config, steps)
+        ),
+    )
+    run.history(graph, config)
+
+
+def test_configs_handed_back_work_for_a_user_scope(api: str, durability: str, saver: Any) -> None:
+    """Acting for a user through ``user_scope``, every config LangGraph hands back reads
+    and writes that user's thread."""
+
+    def scenario(run: Recorder, checkpointer: Any) -> None:
+        with user_scope("alice"):
+            _config_round_trips(run, checkpointer, cfg("scoped"))
+
+    compare_with_langgraph(scenario, saver, api, durability)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="the user named in configurable.user_id is not in the configs LangGraph hands back "
+    "(state.config, update_state's return, bulk_update_state's next step): they act for "
+    "'anonymous', see nothing and may not write (issue 34, beyond the seven; not fixed)",
+)
+def test_configs_handed_back_work_for_a_configurable_user(api: str, saver: Any) -> None:
+    def scenario(run: Recorder, checkpointer: Any) -> None:
+        _config_round_trips(run, checkpointer, cfg("named", user_id="alice"))
+
+    compare_with_langgraph(scenario, saver, api)
