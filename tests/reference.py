@@ -24,7 +24,8 @@ from tests.graphs import Driver
 _FRESH_ID = re.compile(
     r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}|\b[0-9a-f]{32}\b|lc_run--[-0-9a-f]+"
 )
-# Keys whose values are wall-clock times; and the branch marker of ours in configs, which
+# Keys whose values are wall-clock times (and LangGraph's own __pregel_* objects, such as
+# the checkpointer, in a subgraph's config); and the branch marker of ours in configs, which
 # issue 34.6 removes (its own tests check that configs carry nothing of ours).
 _IGNORED_KEYS = frozenset({"ts", "timestamp", "created_at", "__threadkeep_branch_from"})
 
@@ -54,7 +55,7 @@ def plain(value: Any) -> Any:
         return {
             plain(key): sorted(plain(item), key=repr) if key == "__interrupt__" else plain(item)
             for key, item in value.items()
-            if key not in _IGNORED_KEYS
+            if key not in _IGNORED_KEYS and not str(key).startswith("__pregel_")
         }
     if isinstance(value, (list, tuple)):
         return [plain(item) for item in value]

@@ -693,3 +693,69 @@ def test_configs_handed_back_work_for_a_configurable_user(api: str, saver: Any) 
         _config_round_trips(run, checkpointer, cfg("named", user_id="alice"))
 
     compare_with_langgraph(scenario, saver, api)
+
+
+def test_functional_api_parallel_tasks_run_once_across_interrupts(
+    api: str, durability: str, saver: Any
+) -> None:
+    """Tasks an entrypoint ran before it paused are not run again when it resumes: their
+    results are read back from the pending writes."""
+
+    def scenario(run: Recorder, checkpointer: Any) -> None:
+        calls: list[int] = []
+
+        @task
+        def work(i: int) -> int:
+            calls.append(i)
+            return i * 10
+
+        @task
+        def ask(i: int) -> Any:
+            return interrupt(f"ask {i}")
+
+        @entrypoint(checkpointer=checkpointer)
+        def workflow(n: int, *, previous: Any = None) -> Any:
+            values = [future.result() for future in [work(i) for i in range(n)]]
+            answers = [future.result() for future in [ask(i) for i in range(2)]]
+            return {"values": values, "answers": answers, "previous": previous}
+
+        config = cfg("tasks")
+        run.invoke(workflow, 3, config)
+        _look(run, workflow, checkpointer, config)
+        pending = run.state(workflow, config).interrupts
+        run.invoke(workflow, Command(resume={item.id: f"answer to {item.value}" for item in pending}), config)
+        run.note("calls", sorted(calls))
+        _look(run, workflow, checkpointer, config)
+
+    seen = compare_with_langgraph(scenario, saver, api, durability)
+    assert ("calls", [0, 1, 2]) in seen
+
+
+def test_subgraph_invoked_twice_inside_a_node_interrupts_in_the_second(
+    api: str, durability: str, saver: Any
+) -> None:
+    def inner_node(state: Doc) -> dict[str, Any]:
+        if state.get("notes"):
+            return {"notes": [interrupt("inner?")]}
+        return {"notes": ["first"]}
+
+    def scenario(run: Recorder, checkpointer: Any) -> None:
+        inner = StateGraph(Doc)
+        inner.add_node("n", inner_node)
+        inner.add_edge(START, "n")
+        sub = inner.compile()
+
+        def outer_node(state: Doc) -> dict[str, Any]:
+            first = sub.invoke({"notes": []})
+            return {"notes": sub.invoke({"notes": first["notes"]})["notes"]}
+
+        outer = StateGraph(Doc)
+        outer.add_node("o", outer_node)
+        outer.add_edge(START, "o")
+        graph, config = outer.compile(checkpointer=checkpointer), cfg("inline-sub")
+        run.invoke(graph, {"topic": "t"}, config)
+        _look(run, graph, checkpointer, config)
+        run.invoke(graph, Command(resume="inner answer"), config)
+        _look(run, graph, checkpointer, config)
+
+    compare_with_langgraph(scenario, saver, api, durability)
