@@ -14,15 +14,26 @@ import operator
 from typing import Annotated, Any, TypedDict
 
 import pytest
-from langchain_core.messages import AIMessage, AnyMessage, HumanMessage, RemoveMessage, ToolMessage
+from langchain_core.documents import Document
+from langchain_core.messages import (
+    AIMessage,
+    AIMessageChunk,
+    AnyMessage,
+    ChatMessage,
+    HumanMessage,
+    RemoveMessage,
+    SystemMessage,
+    ToolMessage,
+)
 from langchain_core.runnables import RunnableConfig
 from langchain_core.tools import tool
+from langgraph.channels import EphemeralValue, Topic, UntrackedValue
 from langgraph.config import get_stream_writer
 from langgraph.func import entrypoint, task
-from langgraph.graph import END, START, StateGraph
+from langgraph.graph import END, START, MessagesState, StateGraph
 from langgraph.graph.message import REMOVE_ALL_MESSAGES, add_messages
 from langgraph.prebuilt import ToolNode
-from langgraph.types import Command, RetryPolicy, Send, StateUpdate, interrupt
+from langgraph.types import Command, Overwrite, RetryPolicy, Send, StateUpdate, interrupt
 
 from tests.providers import Opener
 from tests.reference import Recorder, compare_with_langgraph
@@ -759,3 +770,150 @@ def test_subgraph_invoked_twice_inside_a_node_interrupts_in_the_second(
         _look(run, graph, checkpointer, config)
 
     compare_with_langgraph(scenario, saver, api, durability)
+
+
+# --- channel kinds, message kinds, failures inside subgraphs, thread ids ----------------------
+
+
+class Channels(TypedDict, total=False):
+    notes: Annotated[list[str], operator.add]
+    scratch: Annotated[str, UntrackedValue]
+    topic: Annotated[list[str], Topic(str, accumulate=True)]
+    once: Annotated[str, EphemeralValue]
+
+
+def test_overwrite_topic_untracked_and_ephemeral_channels(api: str, durability: str, saver: Any) -> None:
+    def first(state: Channels) -> dict[str, Any]:
+        return {"notes": Overwrite(["reset"]), "scratch": "not kept", "topic": "t1", "once": "e"}
+
+    def second(state: Channels) -> dict[str, Any]:
+        return {"notes": [interrupt("ok?")], "topic": ["t2", "t3"]}
+
+    def scenario(run: Recorder, checkpointer: Any) -> None:
+        builder = StateGraph(Channels)
+        builder.add_node("first", first)
+        builder.add_node("second", second)
+        builder.add_edge(START, "first")
+        builder.add_edge("first", "second")
+        graph, config = builder.compile(checkpointer=checkpointer), cfg("channels")
+        run.invoke(graph, {"notes": ["x"]}, config)
+        run.call(
+            lambda: graph.update_state(config, {"notes": Overwrite(["over"])}),
+            lambda: graph.aupdate_state(config, {"notes": Overwrite(["over"])}),
+        )
+        _look(run, graph, checkpointer, config)
+        run.invoke(graph, Command(resume="yes", update=[("notes", ["u1"]), ("notes", ["u2"])]), config)
+        for state in run.history(graph, config):
+            run.state(graph, state.config, subgraphs=True)
+
+    compare_with_langgraph(scenario, saver, api, durability)
+
+
+class Rich(MessagesState):
+    docs: list[Document]
+
+
+def test_messages_of_every_kind(api: str, durability: str, saver: Any) -> None:
+    """System, multimodal human, AI with tool calls and usage, tool with artifact, chat,
+    dict and tuple messages, a merged chunk, documents, and a message as resume value."""
+    messages: list[Any] = [
+        SystemMessage("sys", id="s"),
+        HumanMessage(
+            content=[
+                {"type": "text", "text": "look"},
+                {"type": "image", "source_type": "base64", "data": "aGVsbG8=", "mime_type": "image/png"},
+            ],
+            id="h",
+        ),
+        AIMessage(
+            "",
+            id="ai",
+            tool_calls=[{"name": "t", "args": {"x": [1, {"y": None}]}, "id": "c1"}],
+            usage_metadata={"input_tokens": 1, "output_tokens": 2, "total_tokens": 3},
+            response_metadata={"model": "m", "nested": {"a": [1.5]}},
+        ),
+        ToolMessage("res", tool_call_id="c1", id="tm", artifact={"rows": [1, 2]}, status="error"),
+        ChatMessage("chat", role="critic", id="cm"),
+        {"role": "user", "content": "dict message", "id": "dm"},
+        ("ai", "tuple message"),
+    ]
+
+    def node(state: Rich) -> dict[str, Any]:
+        chunk = AIMessageChunk("part1", id="chunk") + AIMessageChunk(" part2", id="chunk")
+        return {"messages": [chunk], "docs": [Document("doc text", metadata={"src": "x"}, id="d1")]}
+
+    def ask(state: Rich) -> dict[str, Any]:
+        return {"messages": [AIMessage(str(interrupt(state["messages"][-1]).content), id="final")]}
+
+    def scenario(run: Recorder, checkpointer: Any) -> None:
+        builder = StateGraph(Rich)
+        builder.add_node("node", node)
+        builder.add_node("ask", ask)
+        builder.add_edge(START, "node")
+        builder.add_edge("node", "ask")
+        graph, config = builder.compile(checkpointer=checkpointer), cfg("kinds")
+        run.invoke(graph, {"messages": messages}, config)
+        _look(run, graph, checkpointer, config)
+        run.invoke(graph, Command(resume=AIMessage("resume message", id="rm")), config)
+        state = run.state(graph, config)
+        run.note("types", [type(message).__name__ for message in state.values["messages"]])
+
+    compare_with_langgraph(scenario, saver, api, durability)
+
+
+def test_failure_and_retry_inside_a_subgraph_then_resume(api: str, durability: str, saver: Any) -> None:
+    def scenario(run: Recorder, checkpointer: Any) -> None:
+        state = {"fail": True, "flaky": 0}
+
+        def flaky(_: Doc) -> dict[str, Any]:
+            state["flaky"] += 1
+            if state["flaky"] < 2:
+                raise ConnectionError("try again")
+            return {"notes": ["flaky"]}
+
+        def boom(_: Doc) -> dict[str, Any]:
+            if state["fail"]:
+                raise ValueError("boom")
+            return {"notes": [interrupt("after the fix?")]}
+
+        inner = StateGraph(Doc)
+        inner.add_node("flaky", flaky, retry_policy=RetryPolicy(initial_interval=0, jitter=False))
+        inner.add_node("boom", boom)
+        inner.add_edge(START, "flaky")
+        inner.add_edge("flaky", "boom")
+        outer = StateGraph(Doc)
+        outer.add_node("sub", inner.compile())
+        outer.add_node("side", lambda _: {"notes": ["side"]})
+        outer.add_edge(START, "sub")
+        outer.add_edge(START, "side")
+        graph, config = outer.compile(checkpointer=checkpointer), cfg("subfail")
+        try:
+            run.invoke(graph, {"topic": "t"}, config)
+        except ValueError as exc:
+            run.note("raised", str(exc))
+        _look(run, graph, checkpointer, config)
+        state["fail"] = False
+        run.invoke(graph, None, config)
+        run.invoke(graph, Command(resume="fixed"), config)
+        run.note("flaky calls", state["flaky"])
+        _look(run, graph, checkpointer, config)
+
+    compare_with_langgraph(scenario, saver, api, durability)
+
+
+@pytest.mark.parametrize(
+    "thread_id", ["a:b", "a{b}c", "über 🧵", "with space", "x" * 300, "", "a\\b%_*?[x]", 7]
+)
+def test_thread_ids_of_any_shape(api: str, thread_id: Any, saver: Any) -> None:
+    """Separators, Redis hash-tag braces, LIKE and glob characters, unicode, long, empty
+    and int thread ids."""
+
+    def scenario(run: Recorder, checkpointer: Any) -> None:
+        graph, config = _streaming_graph(checkpointer), cfg(thread_id)
+        run.invoke(graph, {"topic": "t"}, config)
+        run.invoke(graph, {"topic": "again"}, config)
+        _look(run, graph, checkpointer, config)
+        run.invoke(graph, Command(resume="ok"), config)
+        _look(run, graph, checkpointer, config)
+
+    compare_with_langgraph(scenario, saver, api)
