@@ -27,13 +27,14 @@ from langchain_core.messages import (
 )
 from langchain_core.runnables import RunnableConfig
 from langchain_core.tools import tool
+from langgraph.cache.memory import InMemoryCache
 from langgraph.channels import EphemeralValue, Topic, UntrackedValue
 from langgraph.config import get_stream_writer
 from langgraph.func import entrypoint, task
 from langgraph.graph import END, START, MessagesState, StateGraph
 from langgraph.graph.message import REMOVE_ALL_MESSAGES, add_messages
 from langgraph.prebuilt import ToolNode
-from langgraph.types import Command, Overwrite, RetryPolicy, Send, StateUpdate, interrupt
+from langgraph.types import CachePolicy, Command, Overwrite, RetryPolicy, Send, StateUpdate, interrupt
 
 from tests.providers import Opener
 from tests.reference import Recorder, compare_with_langgraph
@@ -917,3 +918,36 @@ def test_thread_ids_of_any_shape(api: str, thread_id: Any, saver: Any) -> None:
         _look(run, graph, checkpointer, config)
 
     compare_with_langgraph(scenario, saver, api)
+
+
+def test_static_interrupt_in_a_subgraph_commands_list_send_from_input_and_node_cache(
+    api: str, durability: str, saver: Any
+) -> None:
+    def multi(_: Fan) -> list[Command[Any]]:
+        return [Command(update={"results": ["c1"]}), Command(goto=Send("w", {"items": ["sent"]}))]
+
+    def scenario(run: Recorder, checkpointer: Any) -> None:
+        inner = StateGraph(Fan)
+        inner.add_node("i1", lambda _: {"results": ["i1"]})
+        inner.add_node("i2", lambda _: {"results": ["i2"]})
+        inner.add_edge(START, "i1")
+        inner.add_edge("i1", "i2")
+        outer = StateGraph(Fan)
+        outer.add_node("sub", inner.compile(interrupt_before=["i2"]))
+        outer.add_node("multi", multi)
+        outer.add_node("w", lambda state: {"results": [f"w {state.get('items')}"]})
+        outer.add_node("cached", lambda _: {"results": ["cached"]}, cache_policy=CachePolicy())
+        outer.add_edge(START, "sub")
+        outer.add_edge("sub", "multi")
+        outer.add_edge("multi", "cached")
+        graph = outer.compile(checkpointer=checkpointer, interrupt_before=["multi"], cache=InMemoryCache())
+        config = cfg("mixed")
+        run.invoke(graph, {"results": []}, config)
+        _look(run, graph, checkpointer, config)
+        run.invoke(graph, None, config)
+        _look(run, graph, checkpointer, config)
+        run.invoke(graph, None, config)
+        run.invoke(graph, Command(goto=Send("w", {"items": ["from input"]})), config)
+        _look(run, graph, checkpointer, config)
+
+    compare_with_langgraph(scenario, saver, api, durability)
