@@ -222,3 +222,20 @@ def test_put_writes_with_repeated_keys(api: str, saver: Any) -> None:
     assert ["mixed", "a", "10"] not in final
     assert ["null", "__resume__", "'three'"] in final
     assert [["same channel", "a", repr(n)] for n in (1, 2, 3)] == [w for w in final if w[0] == "same channel"]
+
+
+def test_prepare_writes_gives_every_store_each_key_once() -> None:
+    """The sans-I/O core decides once for every store: one row per (task, idx), a repeated
+    special channel with its last value in its first place."""
+    from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
+
+    from threadkeep.core.records import prepare_writes
+
+    config: RunnableConfig = {"configurable": {"thread_id": "t", "checkpoint_ns": "", "checkpoint_id": "1"}}
+    writes = [("a", 1), ("__resume__", ["x"]), ("b", 2), ("__resume__", ["x", "y"]), ("__error__", "e")]
+    step = prepare_writes(
+        config, writes, "task", "", JsonPlusSerializer(), isolate=False, history_limit=None, now=0.0
+    )
+    serde = JsonPlusSerializer()
+    rows = [(row.idx, row.channel, serde.loads_typed((row.type, row.value))) for row in step.rows]
+    assert rows == [(0, "a", 1), (-4, "__resume__", ["x", "y"]), (2, "b", 2), (-1, "__error__", "e")]
