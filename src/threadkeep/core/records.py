@@ -361,8 +361,7 @@ def prepare_writes(
         )
     task_id = checked_id(task_id, "task_id")
     rows = []
-    for position, (channel, value) in enumerate(writes):
-        idx = WRITES_IDX_MAP.get(channel, position)
+    for idx, (position, channel, value) in _keyed_writes(writes).items():
         path = f"writes[{position}].{channel}"
         single = isinstance(value, BaseMessage)
         messages = [value] if single else value
@@ -381,6 +380,21 @@ def prepare_writes(
         kind, payload = _encode(serde, value, path)
         rows.append(WriteRow(task_id, idx, task_path, channel, kind, payload))
     return WritesStep(target, tuple(rows), now, history_limit)
+
+
+def _keyed_writes(writes: Sequence[tuple[str, Any]]) -> dict[int, tuple[int, str, Any]]:
+    """The writes one ``put_writes`` stores, by idx (LangGraph's ``WRITES_IDX_MAP`` for a
+    special channel, the position for a regular one), each with its position.
+
+    A special channel written twice in one call (a node that called ``interrupt()`` twice
+    sends two resume writes) is stored once, with its last value in its first place, as
+    LangGraph's ``InMemorySaver`` does; every store then writes each key at most once per
+    call (a SQL upsert cannot touch one row twice in a statement).
+    """
+    keyed: dict[int, tuple[int, str, Any]] = {}
+    for position, (channel, value) in enumerate(writes):
+        keyed[WRITES_IDX_MAP.get(channel, position)] = (position, channel, value)
+    return keyed
 
 
 def split_refs(value: bytes) -> list[bytes]:
