@@ -27,7 +27,7 @@ _FRESH_ID = re.compile(
 # Keys whose values are wall-clock times (and LangGraph's own __pregel_* objects, such as
 # the checkpointer, in a subgraph's config); and the branch marker of ours in configs, which
 # issue 34.6 removes (its own tests check that configs carry nothing of ours).
-_IGNORED_KEYS = frozenset({"ts", "timestamp", "created_at", "__threadkeep_branch_from"})
+_IGNORED_KEYS = frozenset({"ts", "timestamp", "created_at"})
 
 
 def plain(value: Any) -> Any:
@@ -102,13 +102,11 @@ def pending(writes: Any) -> list[tuple[str, str, Any]]:
     """Pending writes as a sorted list of (task kind, channel, value); task ids are
     per-run, so a task's writes are named by whether they are the null task's (input,
     ``Command.update``) or a node's."""
-    # How an error reads back is issue 34.2's (tests/contract of its own): here only that
-    # the task failed is compared.
     rows = [
         (
             "null" if task_id == NULL_TASK_ID else "task",
             channel,
-            "failed" if channel == "__error__" else plain(value),
+            plain(value),
         )
         for task_id, channel, value in writes
     ]
