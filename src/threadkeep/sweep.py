@@ -240,8 +240,9 @@ class _Sweep:
         if self.result.spared:
             logger.warning(
                 "checkpoint sweep of %s: %d thread(s) past their horizon kept because a live-thread "
-                "filter claims them: %s; a thread kept sweep after sweep waits on a park or an "
-                "interrupt nobody answers (list them: threadkeep checkpoints sweep --dry-run --list)",
+                "filter claims them: %s; one kept sweep after sweep waits on something nobody "
+                "answers (list them: threadkeep checkpoints sweep --dry-run --list; bound how long "
+                "an interrupt spares its thread: LLM_PROVIDER_CHECKPOINT_RETENTION_INTERRUPT_MINUTES)",
                 self.result.provider,
                 len(self.result.spared),
                 self.result.spared_summary(),
