@@ -116,6 +116,21 @@ def test_rt1_retention_minutes_are_read() -> None:
     assert settings.retention_finished_minutes == 30
 
 
+INTERRUPT = "LLM_PROVIDER_CHECKPOINT_RETENTION_INTERRUPT_MINUTES"
+
+
+@pytest.mark.parametrize(("raw", "expected"), [("43200", 43200), ("60", 60), ("null", None)])
+def test_rt1_the_interrupt_horizon_is_read_unset_by_default(raw: str, expected: int | None) -> None:
+    assert Settings.from_env({}).retention_interrupt_minutes is None
+    # it may be longer than the waiting retention: it only ends the interrupts filter's spare
+    assert Settings.from_env({INTERRUPT: raw}).retention_interrupt_minutes == expected
+
+
+@pytest.mark.parametrize("raw", ["0", "-5", "1.5", "a week"])
+def test_rt1_the_interrupt_horizon_must_be_positive_or_null(raw: str) -> None:
+    assert INTERRUPT in str(refused({INTERRUPT: raw}))
+
+
 def test_rt1_finished_may_equal_waiting() -> None:
     settings = Settings.from_env({WAITING: "60", FINISHED: "60"})
     assert settings.retention_finished_minutes == settings.retention_waiting_minutes == 60

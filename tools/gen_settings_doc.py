@@ -14,6 +14,7 @@ desc = {
     "inline_compress_bytes": "Values encoded larger than this are stored compressed; `null` turns compression off.",
     "retention_waiting_minutes": "How long a thread nobody marked finished lives after its last write.",
     "retention_finished_minutes": "How long a thread lives after it was marked finished; at most the waiting value.",
+    "retention_interrupt_minutes": "How long the sweep spares a thread, past its horizon, because its newest root checkpoint waits on an interrupt; past this, the `interrupts` filter no longer claims it and it goes like any other (`docs/operations.md`). Unset: spared for as long as it waits. May exceed the waiting value.",
     "enforce_user_isolation": "A thread belongs to the user who first wrote it.",
     "state_history_limit": "Keep only the newest N checkpoints per (thread, namespace); unset keeps all (tiered: 20).",
     "retry_attempts": "Attempts of a transaction whose connection dropped (postgres, redis).",
@@ -22,7 +23,7 @@ desc = {
     "pool_max_size": "postgres, tiered: connections each pool may open (threadkeep opens one pool per event loop for the async API, one for the sync API).",
     "pool_timeout_seconds": "postgres, tiered: how long a call waits for a free connection before it fails (and is retried).",
     "connect_timeout_seconds": "postgres, redis, tiered: how long opening a connection may take.",
-    "api_keys": "`threadkeep serve`: bearer API keys, comma-separated `key:user:role` (role `admin` or `user`); only an admin key may sweep or write settings. A secret: never logged.",
+    "api_keys": "`threadkeep serve`: bearer API keys, comma-separated `key:user:role` (role `admin` or `user`); only an admin key may sweep or write settings. Unset, those routes refuse every request (401) and `threadkeep serve` says so in a WARNING at start. A secret: never logged.",
     "database_url": "Fallback Postgres DSN.",
     "redis_url": "Fallback Redis URL.",
 }

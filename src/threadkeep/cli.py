@@ -114,10 +114,16 @@ def checkpoints() -> None:
 
 @checkpoints.command("sweep")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON for scripts.")
-@click.option("--dry-run", is_flag=True, help="List what would be deleted; delete nothing.")
-def checkpoints_sweep(as_json: bool, dry_run: bool) -> None:
+@click.option("--dry-run", is_flag=True, help="Count what would be deleted; delete nothing.")
+@click.option(
+    "--list",
+    "list_ids",
+    is_flag=True,
+    help="Also print the ids: of the threads spared and, on a dry run, of those that would go.",
+)
+def checkpoints_sweep(as_json: bool, dry_run: bool, list_ids: bool) -> None:
     """Delete the threads past their retention that nothing claims as live."""
-    from threadkeep.sweep import PAGE_SIZE, SweepResult, sweep_checkpoints
+    from threadkeep.sweep import DOOMED_LISTED, PAGE_SIZE, SweepResult, sweep_checkpoints
 
     bar: Any = None
 
@@ -145,13 +151,23 @@ def checkpoints_sweep(as_json: bool, dry_run: bool) -> None:
         f"  {verb} {result.swept_count} thread(s): {result.finished_swept} finished, "
         f"{result.waiting_swept} waiting"
     )
-    for row in result.doomed:
-        click.echo(f"    {row['thread_id']}  ({row['horizon']})")
-    click.echo(f"  spared {len(result.spared)} thread(s) still in use")
-    for spared in result.spared:
-        click.echo(f"    {spared.thread_id}  ({spared.horizon} horizon, claimed by {spared.owner})")
+    if list_ids:
+        for row in result.doomed:
+            click.echo(f"    {row['thread_id']}  ({row['horizon']})")
+        if dry_run and result.swept_count > len(result.doomed):
+            click.echo(
+                f"    ... and {result.swept_count - len(result.doomed):,} more "
+                f"(a dry run lists the first {DOOMED_LISTED:,})"
+            )
+    counts = result.spared_summary()
+    click.echo(f"  spared {len(result.spared)} thread(s) still in use{': ' + counts if counts else ''}")
+    if list_ids:
+        for spared in result.spared:
+            click.echo(f"    {spared.thread_id}  ({spared.horizon} horizon, claimed by {spared.owner})")
     for note in result.skipped:
         click.echo(f"  skipped: {note}")
+    if not list_ids and (result.spared or result.doomed):
+        click.echo("  (--list prints the threads' ids)")
 
 
 @main.group()

@@ -5,12 +5,17 @@ A :class:`Metrics` registry holds counters by name and labels. threadkeep counts
 serves :meth:`Metrics.render`. A *hook* (any callable) can also be told each event as it
 happens, to forward it to another metrics system.
 
+Every counter below is rendered from the start, before anything is counted: the series of
+the labels threadkeep itself uses at zero (a live-thread filter registered by an
+application shows up with its first count), so a fresh server's ``/metrics`` lists them all.
+
 Counters:
 
 - ``threadkeep_cache_events_total{event}``: the tiered provider's hot tier: ``hit``, ``miss``,
-  ``error`` (Redis failed; the read went to Postgres or the write was dropped), ``skipped``
-  (a write older than the cached state, refused by the compare-and-set) and ``cleared`` (an
-  entry removed after a conflict or a delete).
+  ``stale`` and ``confirmed`` (see ``docs/tiered.md``), ``error`` (Redis failed; the read went
+  to Postgres or the write was dropped), ``skipped`` (a write older than the cached state,
+  refused by the compare-and-set) and ``cleared`` (an entry removed after a conflict or a
+  delete).
 - ``threadkeep_checkpoint_sweep_spared_total{horizon,owner}``: threads the sweep found past a
   horizon but kept because a live-thread filter (``owner``) claimed them (SPEC SW4).
 - ``threadkeep_checkpoint_sweep_deleted_total{horizon}``: threads the sweep deleted.
@@ -27,6 +32,16 @@ __all__ = ["CACHE_EVENTS", "METRICS", "SWEEP_DELETED", "SWEEP_SPARED", "Metrics"
 CACHE_EVENTS: Final = "threadkeep_cache_events_total"
 SWEEP_SPARED: Final = "threadkeep_checkpoint_sweep_spared_total"
 SWEEP_DELETED: Final = "threadkeep_checkpoint_sweep_deleted_total"
+
+_HORIZONS: Final = ("finished", "waiting")
+# The label sets threadkeep counts with, rendered at zero until they are counted.
+_SERIES: Final[Mapping[str, tuple[Mapping[str, str], ...]]] = {
+    CACHE_EVENTS: tuple(
+        {"event": event} for event in ("hit", "miss", "stale", "confirmed", "error", "skipped", "cleared")
+    ),
+    SWEEP_SPARED: tuple({"horizon": h, "owner": o} for h in _HORIZONS for o in ("interrupts", "parks")),
+    SWEEP_DELETED: tuple({"horizon": h} for h in _HORIZONS),
+}
 
 _HELP: Final[Mapping[str, str]] = {
     CACHE_EVENTS: "Events of the tiered provider's Redis hot tier, by kind.",
@@ -47,7 +62,9 @@ class Metrics:
 
     def __init__(self, hook: Hook | None = None) -> None:
         self.hook = hook
-        self._counts: dict[str, dict[Labels, float]] = {}
+        self._counts: dict[str, dict[Labels, float]] = {
+            name: {tuple(sorted(labels.items())): 0 for labels in series} for name, series in _SERIES.items()
+        }
         self._guard = threading.Lock()
 
     def inc(self, name: str, amount: float = 1, **labels: str) -> None:

@@ -194,6 +194,8 @@ def saver_kwargs(settings: Settings, options: SaverOptions) -> dict[str, Any]:
         ),
         "clock": options.clock,
         "retention": PlatformRetention(
-            settings.retention_waiting_minutes, settings.retention_finished_minutes
+            settings.retention_waiting_minutes,
+            settings.retention_finished_minutes,
+            settings.retention_interrupt_minutes,
         ),
     }

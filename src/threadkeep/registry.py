@@ -50,7 +50,9 @@ def saver_for(
     base = settings or Settings.from_env()
     if provider is not None:
         base = base.with_values(provider=provider, conn_string=conn_string)
-    platform = PlatformRetention(base.retention_waiting_minutes, base.retention_finished_minutes)
+    platform = PlatformRetention(
+        base.retention_waiting_minutes, base.retention_finished_minutes, base.retention_interrupt_minutes
+    )
     declared = (
         None if waiting_minutes is None else declare_retention(platform, waiting_minutes=waiting_minutes)
     )

@@ -147,7 +147,7 @@ class Backend(Protocol):
 
     def live_parks(self, thread_ids: Sequence[str], now: float, owner: str | None) -> Program[set[str]]: ...
 
-    def interrupted(self, thread_ids: Sequence[str]) -> Program[set[str]]: ...
+    def interrupted(self, thread_ids: Sequence[str], since: float | None) -> Program[set[str]]: ...
 
     def location(self) -> str: ...
 
@@ -657,10 +657,12 @@ class ThreadkeepSaver(BaseCheckpointSaver[str]):
         owner = self._actor().owner_filter
         return self._run(lambda: self.backend.live_parks(thread_ids, now, owner))
 
-    def interrupted(self, thread_ids: Sequence[str]) -> set[str]:
-        """Which of ``thread_ids`` wait on an interrupt, any owner's (operator only)."""
+    def interrupted(self, thread_ids: Sequence[str], since: float | None = None) -> set[str]:
+        """Which of ``thread_ids`` wait on an interrupt, any owner's (operator only): their
+        newest root checkpoint holds an interrupt write and, with ``since`` (epoch seconds),
+        was stored at or after it."""
         self._operator("interrupted")
-        return self._run(lambda: self.backend.interrupted(thread_ids))
+        return self._run(lambda: self.backend.interrupted(thread_ids, since))
 
     def get_next_version(self, current: str | None, channel: None) -> str:
         """Versions that sort as they grow and never collide across branches."""

@@ -3,7 +3,8 @@
 Routes:
 
 - ``GET /healthz``: 200 ``{"status": "ok", ...}`` when the configured store answers, else 503.
-- ``GET /metrics``: every threadkeep counter in the Prometheus text format (no key needed).
+- ``GET /metrics``: every threadkeep counter in the Prometheus text format (no key needed),
+  listed from the start (at zero until counted).
 - ``POST /api/checkpoints/sweep``: run :func:`threadkeep.sweep.sweep_checkpoints` (admin key;
   ``?dry_run=true`` deletes nothing); the body is the sweep's result (SPEC SW6).
 - ``PATCH /api/settings``: a settings write (admin key); the body maps variables to values
@@ -11,7 +12,8 @@ Routes:
   accepted write reopens the store with the new settings.
 
 Requests to ``/api/*`` carry ``Authorization: Bearer <key>``, a key of
-``LLM_PROVIDER_CHECKPOINT_API_KEYS``: 401 without a known key, 403 for a non-admin key.
+``LLM_PROVIDER_CHECKPOINT_API_KEYS``: 401 without a known key, 403 for a non-admin key. A
+server started with no key configured says so in a WARNING at start.
 threadkeep errors map to statuses once (:data:`STATUS`).
 """
 
@@ -128,6 +130,12 @@ class _Service:
     def start(self) -> None:
         with self._opening:
             self._closed = False
+        if not self.keys:
+            logger.warning(
+                "threadkeep serve: no API key is configured, so /api/* (the sweep, settings "
+                "writes) refuses every request with 401; set LLM_PROVIDER_CHECKPOINT_API_KEYS to "
+                "key:user:admin (comma-separated key:user:role entries) to use them"
+            )
 
     def close(self) -> None:
         with self._sweeping, self._opening:

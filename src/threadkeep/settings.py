@@ -45,6 +45,7 @@ VARIABLES: Mapping[str, tuple[str, str | None]] = {
     f"{PREFIX}_INLINE_COMPRESS_BYTES": ("inline_compress_bytes", "65536"),
     f"{PREFIX}_RETENTION_WAITING_MINUTES": ("retention_waiting_minutes", "10080"),
     f"{PREFIX}_RETENTION_FINISHED_MINUTES": ("retention_finished_minutes", "1440"),
+    f"{PREFIX}_RETENTION_INTERRUPT_MINUTES": ("retention_interrupt_minutes", None),
     f"{PREFIX}_USER_ISOLATION": ("enforce_user_isolation", "true"),
     f"{PREFIX}_HISTORY_LIMIT": ("state_history_limit", None),
     f"{PREFIX}_RETRY_ATTEMPTS": ("retry_attempts", "3"),
@@ -82,6 +83,7 @@ class Settings:
     inline_compress_bytes: int | None = 65536
     retention_waiting_minutes: int = 10080
     retention_finished_minutes: int = 1440
+    retention_interrupt_minutes: int | None = None
     enforce_user_isolation: bool = True
     state_history_limit: int | None = None
     retry_attempts: int = 3
@@ -134,7 +136,7 @@ class Settings:
                 "before 1.21)",
                 context={"variable": _variable("prepare_threshold"), "value": repr(self.prepare_threshold)},
             )
-        for name in ("inline_compress_bytes", "state_history_limit"):
+        for name in ("inline_compress_bytes", "state_history_limit", "retention_interrupt_minutes"):
             value = getattr(self, name)
             if value is not None:
                 _check_positive(name, value)

@@ -4,8 +4,9 @@
 and, on stores whose threads leave by the sweep (postgres, sqlite, tiered), every waiting
 thread whose newest checkpoint is older than its waiting retention (declared, else the
 platform's). Before anything is deleted, the live-thread filters are asked: a thread one of
-them claims is spared (logged, counted, listed, and left marked so the next sweep asks
-again). It pages through the store 1,000 threads at a time and holds one page in memory.
+them claims is spared (counted, listed, logged at DEBUG, and left marked so the next sweep
+asks again); each sweep that spares threads logs one WARNING that counts them by filter and
+horizon. It pages through the store 1,000 threads at a time and holds one page in memory.
 
 Nothing runs it in the background: an operator schedules ``threadkeep checkpoints sweep``
 (see ``docs/operations.md``) or calls ``POST /api/checkpoints/sweep``.
@@ -95,8 +96,10 @@ def _parks(saver: ThreadkeepSaver, thread_ids: Sequence[str], now: float) -> Col
 
 
 def _interrupts(saver: ThreadkeepSaver, thread_ids: Sequence[str], now: float) -> Collection[str]:
-    """A thread whose newest root checkpoint holds an interrupt waits to be resumed."""
-    return saver.interrupted(thread_ids)
+    """A thread whose newest root checkpoint holds an interrupt waits to be resumed: for as
+    long as it waits, or, with an interrupt horizon (``retention.interrupt_minutes``), until
+    that checkpoint is older than the horizon."""
+    return saver.interrupted(thread_ids, saver.retention.interrupted_since(now))
 
 
 register_live_thread_filter("parks", _parks)
@@ -131,6 +134,25 @@ class SweepResult:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    def spared_counts(self) -> dict[str, dict[str, int]]:
+        """How many threads each filter (``owner``) spared, by horizon, owners in the order
+        they first spared one."""
+        counts: dict[str, dict[str, int]] = {}
+        for spared in self.spared:
+            by_horizon = counts.setdefault(spared.owner, {})
+            by_horizon[spared.horizon] = by_horizon.get(spared.horizon, 0) + 1
+        return counts
+
+    def spared_summary(self) -> str:
+        """The spared threads counted by filter and horizon, e.g. ``interrupts 170 (finished
+        10, waiting 160), parks 10 (finished 10)``; empty when none was spared."""
+        return ", ".join(
+            f"{owner} {sum(by_horizon.values())} ("
+            + ", ".join(f"{horizon} {count}" for horizon, count in sorted(by_horizon.items()))
+            + ")"
+            for owner, by_horizon in self.spared_counts().items()
+        )
 
 
 def sweep_checkpoints(
@@ -215,6 +237,16 @@ class _Sweep:
             len(self.result.spared),
             " (dry run)" if self.dry_run else "",
         )
+        if self.result.spared:
+            logger.warning(
+                "checkpoint sweep of %s: %d thread(s) past their horizon kept because a live-thread "
+                "filter claims them: %s; one kept sweep after sweep waits on something nobody "
+                "answers (list them: threadkeep checkpoints sweep --dry-run --list; bound how long "
+                "an interrupt spares its thread: LLM_PROVIDER_CHECKPOINT_RETENTION_INTERRUPT_MINUTES)",
+                self.result.provider,
+                len(self.result.spared),
+                self.result.spared_summary(),
+            )
         return self.result
 
     def _page(self, horizon: Horizon, after: int = 0, kept: int = 0) -> SweepPage:
@@ -276,7 +308,7 @@ class _Sweep:
             for thread_id in live:
                 claimed.setdefault(thread_id, owner)
         for thread_id, owner in claimed.items():
-            logger.warning(
+            logger.debug(
                 "checkpoint sweep: thread %s is past the %s horizon but %s reports it live; kept",
                 thread_id,
                 horizon,

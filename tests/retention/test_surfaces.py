@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
+import logging
 import os
 import socket
 import subprocess
@@ -71,15 +72,64 @@ def test_sv3_checkpoints_sweep_prints_a_summary() -> None:
     assert dry.exit_code == 0, dry.output
     assert "dry run: nothing deleted" in dry.output
     assert "would delete 2 thread(s): 1 finished, 1 waiting" in dry.output
-    assert "done  (finished)" in dry.output
+    assert "spared 1 thread(s) still in use: interrupts 1 (finished 1)" in dry.output
+    assert "done" not in dry.output.replace("nothing deleted", "")  # counts, not ids
+    listed = CliRunner().invoke(main, ["checkpoints", "sweep", "--dry-run", "--list"])
+    assert listed.exit_code == 0, listed.output
+    assert "done  (finished)" in listed.output
+    assert "stale  (waiting)" in listed.output
+    assert "asking  (finished horizon, claimed by interrupts)" in listed.output
     assert still_there("done", "stale") == [True, True]
 
-    result = CliRunner().invoke(main, ["checkpoints", "sweep"])
+    result = CliRunner().invoke(main, ["checkpoints", "sweep", "--list"])
     assert result.exit_code == 0, result.output
     assert "checkpoint sweep of the sqlite store" in result.output
     assert "deleted 2 thread(s): 1 finished, 1 waiting" in result.output
     assert "asking  (finished horizon, claimed by interrupts)" in result.output
     assert still_there("done", "stale", "asking", "fresh") == [False, False, True, True]
+
+
+@pytest.mark.usefixtures("env")
+def test_sv3_a_dry_run_over_many_threads_prints_counts_and_lists_ids_on_request(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from threadkeep import sweep
+
+    monkeypatch.setattr(sweep, "DOOMED_LISTED", 5)
+    threads = tuple(f"old-{n:02}" for n in range(12))
+    seed(finished=threads[:4], waiting=threads[4:])
+    dry = CliRunner().invoke(main, ["checkpoints", "sweep", "--dry-run"])
+    assert dry.exit_code == 0, dry.output
+    assert "would delete 12 thread(s): 4 finished, 8 waiting" in dry.output
+    assert "spared 1 thread(s) still in use: interrupts 1 (finished 1)" in dry.output
+    assert "--list prints the threads' ids" in dry.output
+    assert "old-" not in dry.output
+    assert "asking" not in dry.output
+    assert len(dry.output.splitlines()) == 5
+
+    listed = CliRunner().invoke(main, ["checkpoints", "sweep", "--dry-run", "--list"])
+    assert listed.exit_code == 0, listed.output
+    assert sum("old-" in line for line in listed.output.splitlines()) == 5
+    assert "... and 7 more (a dry run lists the first 5)" in listed.output
+    assert "asking  (finished horizon, claimed by interrupts)" in listed.output
+    assert still_there(*threads) == [True] * 12
+
+
+def test_sv3_with_an_interrupt_horizon_the_sweep_deletes_interrupts_left_longer(
+    env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seed(days_ago=10, finished=("done",))  # "asking" has waited on its interrupt for 10 days
+    monkeypatch.setenv("LLM_PROVIDER_CHECKPOINT_RETENTION_INTERRUPT_MINUTES", str(11 * 24 * 60))
+    dry = CliRunner().invoke(main, ["checkpoints", "sweep", "--dry-run"])
+    assert "would delete 1 thread(s): 1 finished, 0 waiting" in dry.output
+    assert "spared 1 thread(s) still in use: interrupts 1 (finished 1)" in dry.output
+
+    monkeypatch.setenv("LLM_PROVIDER_CHECKPOINT_RETENTION_INTERRUPT_MINUTES", str(9 * 24 * 60))
+    result = CliRunner().invoke(main, ["checkpoints", "sweep"])
+    assert result.exit_code == 0, result.output
+    assert "deleted 2 thread(s): 2 finished, 0 waiting" in result.output
+    assert "spared 0 thread(s) still in use" in result.output
+    assert still_there("done", "asking", "fresh") == [False, False, True]
 
 
 @pytest.mark.usefixtures("env")
@@ -163,6 +213,70 @@ def test_sv4_metrics_serve_the_prometheus_text_format(client: Any) -> None:
     assert "# TYPE threadkeep_checkpoint_sweep_spared_total counter" in text
     assert 'threadkeep_checkpoint_sweep_spared_total{horizon="finished",owner="interrupts"} 1' in text
     assert 'threadkeep_checkpoint_sweep_deleted_total{horizon="finished"} 1' in text
+
+
+async def test_sv4_a_fresh_servers_metrics_list_every_counter(env: dict[str, str]) -> None:
+    """Before anything is counted, /metrics names every counter (HELP and TYPE) with its
+    series at zero: a dashboard or alert has something to read from the first scrape."""
+    from threadkeep.metrics import CACHE_EVENTS, SWEEP_DELETED, SWEEP_SPARED
+
+    transport = httpx.ASGITransport(app=create_app(metrics=Metrics()))
+    async with httpx.AsyncClient(transport=transport, base_url="http://threadkeep") as http:
+        response = await http.get("/metrics")
+    assert response.status_code == 200
+    lines = response.text.splitlines()
+    for name in (CACHE_EVENTS, SWEEP_SPARED, SWEEP_DELETED):
+        assert any(line.startswith(f"# HELP {name} ") for line in lines), name
+        assert f"# TYPE {name} counter" in lines
+    for series in (
+        'threadkeep_checkpoint_sweep_deleted_total{horizon="finished"} 0',
+        'threadkeep_checkpoint_sweep_deleted_total{horizon="waiting"} 0',
+        'threadkeep_checkpoint_sweep_spared_total{horizon="waiting",owner="interrupts"} 0',
+        'threadkeep_checkpoint_sweep_spared_total{horizon="finished",owner="parks"} 0',
+        'threadkeep_cache_events_total{event="hit"} 0',
+        'threadkeep_cache_events_total{event="error"} 0',
+    ):
+        assert series in lines, series
+
+
+def test_sv1_serve_warns_at_start_when_no_api_key_is_configured(
+    env: dict[str, str], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="threadkeep.server")
+    with TestClient(create_app(metrics=Metrics())):
+        pass
+    assert not [r for r in caplog.records if r.name == "threadkeep.server"]  # keys are configured
+
+    monkeypatch.delenv("LLM_PROVIDER_CHECKPOINT_API_KEYS")
+    with TestClient(create_app(metrics=Metrics())):
+        warnings = [r.getMessage() for r in caplog.records if r.name == "threadkeep.server"]
+    assert len(warnings) == 1, warnings
+    assert "no API key is configured" in warnings[0]
+    assert "LLM_PROVIDER_CHECKPOINT_API_KEYS" in warnings[0]
+
+
+def test_sv1_threadkeep_serve_without_an_api_key_says_so_at_start(env: dict[str, str]) -> None:
+    environ = {k: v for k, v in {**os.environ, **env}.items() if k != "LLM_PROVIDER_CHECKPOINT_API_KEYS"}
+    server = subprocess.Popen(
+        [str(Path(sys.executable).with_name("threadkeep")), "serve", "--port", str(_free_port())],
+        env=environ,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    output: list[str] = []
+    try:
+        for line in server.stdout:  # type: ignore[union-attr]
+            output.append(line)
+            if "Application startup complete" in line:
+                break
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+    text = "".join(output)
+    assert "Application startup complete" in text, text
+    assert "no API key is configured" in text
+    assert "LLM_PROVIDER_CHECKPOINT_API_KEYS" in text
 
 
 def test_sv1_healthz(client: Any) -> None:

@@ -124,7 +124,8 @@ def test_sw4_a_parked_thread_is_spared_logged_counted_listed_and_stays_marked(
         result = sweep_checkpoints(saver, metrics=metrics)
     assert result.finished_swept == 1
     assert [(s.thread_id, s.horizon, s.owner) for s in result.spared] == [("parked", "finished", "parks")]
-    assert "thread parked is past the finished horizon but parks reports it live" in caplog.text
+    assert "1 thread(s) past their horizon kept" in caplog.text
+    assert "parks 1 (finished 1)" in caplog.text
     assert metrics.value(SWEEP_SPARED, horizon="finished", owner="parks") == 1
     assert metrics.value(SWEEP_DELETED, horizon="finished") == 1
     assert 'threadkeep_checkpoint_sweep_spared_total{horizon="finished",owner="parks"} 1' in metrics.render()
@@ -145,6 +146,93 @@ def test_sw4_a_thread_waiting_on_an_interrupt_is_spared(open_saver: Opener) -> N
     result = sweep_checkpoints(saver)
     assert [(s.thread_id, s.owner) for s in result.spared] == [("asking", "interrupts")]
     assert exists(saver, "asking")
+
+
+@pytest.mark.providers("sqlite")
+def test_sw4_a_sweep_that_spares_many_threads_logs_one_warning(
+    open_saver: Opener, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Spared threads are summed up in one WARNING per sweep, by filter and horizon; each
+    spared thread has its own line only at DEBUG."""
+    clock = Clock()
+    saver = opened(open_saver, clock)
+    kept = [f"kept-{n}" for n in range(30)]
+    for thread in (*kept, "done"):
+        write(saver, thread)
+    interrupting_graph(saver).invoke({"log": []}, cfg("asking"))
+    saver.mark_finished([*kept[:10], "done", "asking"])
+    clock.advance(601)  # the ten marked ones and "asking" past finished, the other 20 past waiting
+    with (
+        live_filter("keeper", lambda saver, ids, now: [t for t in ids if t.startswith("kept-")]),
+        caplog.at_level(logging.DEBUG, logger="threadkeep.sweep"),
+    ):
+        result = sweep_checkpoints(saver)
+    assert result.swept_count == 1
+    assert len(result.spared) == 31
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1, warnings
+    assert "31 thread(s) past their horizon kept" in warnings[0]
+    assert "interrupts 1 (finished 1)" in warnings[0]
+    assert "keeper 30 (finished 10, waiting 20)" in warnings[0]
+    assert "kept-" not in warnings[0]
+    per_thread = [r.getMessage() for r in caplog.records if r.levelno == logging.DEBUG]
+    assert len(per_thread) == 31
+    asking = "checkpoint sweep: thread asking is past the finished horizon but interrupts reports it live"
+    assert f"{asking}; kept" in per_thread
+
+
+def test_sw4_a_sweep_that_spares_nothing_logs_no_warning(
+    caplog: pytest.LogCaptureFixture, tmp_path: Any
+) -> None:
+    from threadkeep import open_checkpointer
+
+    with open_checkpointer("sqlite", str(tmp_path / "s.sqlite")) as saver:
+        write(saver, "fresh")
+        with caplog.at_level(logging.DEBUG, logger="threadkeep.sweep"):
+            sweep_checkpoints(saver)
+    assert [r for r in caplog.records if r.levelno >= logging.WARNING] == []
+
+
+@pytest.mark.providers(*ALL)
+def test_sw4_the_interrupt_horizon_spares_an_interrupt_until_it_has_waited_that_long(
+    open_saver: Opener,
+) -> None:
+    """With LLM_PROVIDER_CHECKPOINT_RETENTION_INTERRUPT_MINUTES, a thread waiting on an
+    interrupt is spared until its newest root checkpoint is older than the horizon, then
+    swept like any other: marked finished (every provider), or past the waiting horizon
+    (the providers that sweep waiting threads)."""
+    clock = Clock()
+    saver = open_saver(clock=clock, settings=SETTINGS.with_values(retention_interrupt_minutes=1440))
+    assert saver.retention.interrupt_minutes == 1440
+    for thread in ("finished", "left"):
+        interrupting_graph(saver).invoke({"log": []}, cfg(thread))
+    saver.mark_finished(["finished"])
+    sweeps_waiting = saver.facts.expiry == "sweep"
+    clock.advance(1439)  # past both horizons, within the interrupt horizon
+    spared = sweep_checkpoints(saver).spared
+    expected = [("finished", "finished")] + ([("left", "waiting")] if sweeps_waiting else [])
+    assert sorted((s.thread_id, s.horizon) for s in spared) == expected
+    assert {s.owner for s in spared} == {"interrupts"}
+    assert exists(saver, "finished")
+    assert exists(saver, "left")
+
+    clock.advance(2)  # the interrupts have waited longer than 1440 minutes
+    result = sweep_checkpoints(saver)
+    assert (result.spared, result.finished_swept, result.waiting_swept) == ([], 1, int(sweeps_waiting))
+    assert not exists(saver, "finished")
+    assert exists(saver, "left") is not sweeps_waiting
+
+
+@pytest.mark.providers(*SWEPT)
+def test_sw4_without_an_interrupt_horizon_an_interrupt_is_spared_for_ever(open_saver: Opener) -> None:
+    clock = Clock()
+    saver = opened(open_saver, clock)
+    assert saver.retention.interrupt_minutes is None
+    interrupting_graph(saver).invoke({"log": []}, cfg("left"))
+    clock.advance(100 * 365 * 24 * 60)
+    assert [(s.thread_id, s.horizon, s.owner) for s in sweep_checkpoints(saver).spared] == [
+        ("left", "waiting", "interrupts")
+    ]
 
 
 @pytest.mark.providers("sqlite", "redis")

@@ -3,7 +3,9 @@
 A *waiting* thread (not marked finished) lives the waiting retention after its newest
 checkpoint; a *finished* one lives the finished retention after its mark, with the due time
 fixed at the mark. The platform sets both (``LLM_PROVIDER_CHECKPOINT_RETENTION_*_MINUTES``);
-a thread's owner may declare shorter ones for it.
+a thread's owner may declare shorter ones for it. A thread waiting on an interrupt is spared
+by the sweep past either horizon, for ever by default, or for the platform's optional
+interrupt horizon (``LLM_PROVIDER_CHECKPOINT_RETENTION_INTERRUPT_MINUTES``).
 """
 
 from __future__ import annotations
@@ -31,10 +33,18 @@ _FINISHED = "LLM_PROVIDER_CHECKPOINT_RETENTION_FINISHED_MINUTES"
 
 @dataclass(frozen=True, slots=True)
 class PlatformRetention:
-    """The deployment's two horizons, in minutes (the settings check them at boot)."""
+    """The deployment's two horizons, in minutes (the settings check them at boot), and how
+    long the sweep spares a thread waiting on an interrupt (``None``: for as long as it waits).
+    """
 
     waiting_minutes: int = 10080
     finished_minutes: int = 1440
+    interrupt_minutes: int | None = None
+
+    def interrupted_since(self, now: float) -> float | None:
+        """The oldest time (epoch seconds) an interrupt may have been waiting since and
+        still spare its thread at ``now``; ``None``: any."""
+        return None if self.interrupt_minutes is None else now - 60 * self.interrupt_minutes
 
 
 @dataclass(frozen=True, slots=True)

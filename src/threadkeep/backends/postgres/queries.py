@@ -803,18 +803,21 @@ WHERE t.thread_id IN """
 )
 
 # LangGraph's rule: a thread waits on an interrupt while its newest root checkpoint holds an
-# interrupt write.
+# interrupt write. With %(since)s, only if that checkpoint was stored at or after it (the
+# interrupt horizon: one waiting longer is no longer counted).
 INTERRUPTED = (
     """
 SELECT t.thread_id FROM tk_threads AS t
+CROSS JOIN LATERAL (SELECT n.checkpoint_id, n.created_at FROM tk_checkpoints AS n
+                    WHERE n.tid = t.tid AND n.checkpoint_ns = ''
+                    ORDER BY n.checkpoint_id DESC LIMIT 1) AS c
 WHERE t.thread_id IN """
     + _IDS
     + """
+  AND (%(since)s::double precision IS NULL OR c.created_at >= %(since)s::double precision)
   AND EXISTS (
     SELECT 1 FROM tk_writes AS w
-    WHERE w.tid = t.tid AND w.checkpoint_ns = '' AND w.channel = '__interrupt__'
-      AND w.checkpoint_id = (SELECT c.checkpoint_id FROM tk_checkpoints AS c
-                             WHERE c.tid = t.tid AND c.checkpoint_ns = ''
-                             ORDER BY c.checkpoint_id DESC LIMIT 1))
+    WHERE w.tid = t.tid AND w.checkpoint_ns = '' AND w.checkpoint_id = c.checkpoint_id
+      AND w.channel = '__interrupt__')
 """
 )

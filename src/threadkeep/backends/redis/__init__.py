@@ -137,8 +137,8 @@ class RedisBackend:
     def live_parks(self, thread_ids: Sequence[str], now: float, owner: str | None) -> Program[set[str]]:
         return self._programs.live_parks(self.space, thread_ids, now, owner)
 
-    def interrupted(self, thread_ids: Sequence[str]) -> Program[set[str]]:
-        return self._programs.interrupted(self.space, thread_ids)
+    def interrupted(self, thread_ids: Sequence[str], since: float | None) -> Program[set[str]]:
+        return self._programs.interrupted(self.space, thread_ids, since)
 
     # the store ------------------------------------------------------------------------------------
 

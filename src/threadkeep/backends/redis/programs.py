@@ -860,8 +860,9 @@ def _pairs(reply: Any) -> list[tuple[bytes, bytes]]:
     return list(zip(reply[::2], reply[1::2], strict=True))
 
 
-def interrupted(space: KeySpace, thread_ids: Sequence[str]) -> Program[set[str]]:
-    """Which threads' newest root checkpoint holds an interrupt write (LangGraph's rule)."""
+def interrupted(space: KeySpace, thread_ids: Sequence[str], since: float | None) -> Program[set[str]]:
+    """Which threads' newest root checkpoint holds an interrupt write (LangGraph's rule) and,
+    with ``since``, was stored at or after it (its record's ``t``)."""
     waiting = set()
     for thread_id in thread_ids:
         keys = space.thread(thread_id)
@@ -869,6 +870,10 @@ def interrupted(space: KeySpace, thread_ids: Sequence[str]) -> Program[set[str]]
         if not top:
             continue
         member = bytes(top[0])
+        if since is not None:
+            record = yield Command(("HGET", keys[1], member))
+            if record is None or orjson.loads(record)["t"] < since:
+                continue
         fields = yield Command(("ZRANGEBYLEX", keys[6], b"[" + member + NUL, b"(" + member + b"\1"))
         if not fields:
             continue

@@ -195,8 +195,8 @@ class SqlBackend:
     def live_parks(self, thread_ids: Sequence[str], now: float, owner: str | None) -> Program[set[str]]:
         return programs.live_parks(self.dialect, thread_ids, now, owner)
 
-    def interrupted(self, thread_ids: Sequence[str]) -> Program[set[str]]:
-        return programs.interrupted(self.dialect, thread_ids)
+    def interrupted(self, thread_ids: Sequence[str], since: float | None) -> Program[set[str]]:
+        return programs.interrupted(self.dialect, thread_ids, since)
 
     # the store ------------------------------------------------------------------------------------
 

@@ -1291,8 +1291,8 @@ def live_parks(q: SqlDialect, thread_ids: Sequence[str], now: float, owner: str 
     return {row[0] for row in rows}
 
 
-def interrupted(q: SqlDialect, thread_ids: Sequence[str]) -> Program[set[str]]:
+def interrupted(q: SqlDialect, thread_ids: Sequence[str], since: float | None) -> Program[set[str]]:
     """Which of ``thread_ids`` wait on an interrupt (LangGraph's rule: the newest root
-    checkpoint holds an interrupt write)."""
-    rows = yield Sql(q.INTERRUPTED, {"thread_ids": q.text_list(list(thread_ids))})
+    checkpoint holds an interrupt write), since ``since`` or later (``None``: any time)."""
+    rows = yield Sql(q.INTERRUPTED, {"thread_ids": q.text_list(list(thread_ids)), "since": since})
     return {row[0] for row in rows}

@@ -501,17 +501,22 @@ WHERE t.thread_id IN """
 """
 )
 
+# With :since, only a thread whose newest root checkpoint was stored at or after it (see
+# the postgres twin).
 INTERRUPTED = (
     """
 SELECT t.thread_id FROM tk_threads AS t
+JOIN tk_checkpoints AS c ON c.tid = t.tid AND c.checkpoint_ns = ''
+  AND c.checkpoint_id = (SELECT n.checkpoint_id FROM tk_checkpoints AS n
+                         WHERE n.tid = t.tid AND n.checkpoint_ns = ''
+                         ORDER BY n.checkpoint_id DESC LIMIT 1)
 WHERE t.thread_id IN """
     + _IDS
     + """
+  AND (:since IS NULL OR c.created_at >= :since)
   AND EXISTS (
     SELECT 1 FROM tk_writes AS w
-    WHERE w.tid = t.tid AND w.checkpoint_ns = '' AND w.channel = '__interrupt__'
-      AND w.checkpoint_id = (SELECT c.checkpoint_id FROM tk_checkpoints AS c
-                             WHERE c.tid = t.tid AND c.checkpoint_ns = ''
-                             ORDER BY c.checkpoint_id DESC LIMIT 1))
+    WHERE w.tid = t.tid AND w.checkpoint_ns = '' AND w.checkpoint_id = c.checkpoint_id
+      AND w.channel = '__interrupt__')
 """
 )

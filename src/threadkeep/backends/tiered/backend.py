@@ -353,8 +353,8 @@ class TieredBackend:
         live = yield Durable(lambda: self.durable.live_parks(thread_ids, now, owner))
         return live  # type: ignore[no-any-return]
 
-    def interrupted(self, thread_ids: Sequence[str]) -> Program[set[str]]:
-        waiting = yield Durable(lambda: self.durable.interrupted(thread_ids))
+    def interrupted(self, thread_ids: Sequence[str], since: float | None) -> Program[set[str]]:
+        waiting = yield Durable(lambda: self.durable.interrupted(thread_ids, since))
         return waiting  # type: ignore[no-any-return]
 
     # the store ---------------------------------------------------------------------------------
