@@ -436,6 +436,10 @@ def test_cli_import_refusals_name_what_to_do(configured_store: Path, tmp_path: P
     refused = CliRunner().invoke(main, ["import", str(other)])
     assert refused.exit_code == 1
     assert "not a file LangGraph's SqliteSaver wrote" in refused.stderr
+    if postgres_probe() is None:
+        empty = CliRunner().invoke(main, ["import", postgres_url(uuid.uuid4().hex)])
+        assert empty.exit_code == 1
+        assert "holds no LangGraph PostgresSaver tables" in empty.stderr
 
 
 def test_import_without_langgraphs_saver_names_the_pip_install(tmp_path: Path) -> None:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import sqlite3
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -325,6 +325,33 @@ def _missing_extra(what: str, error: ModuleNotFoundError) -> MissingExtraError:
 
 
 @contextmanager
+def _open_postgres(source: str) -> Iterator[BaseCheckpointSaver[Any]]:
+    try:
+        from langgraph.checkpoint.postgres import PostgresSaver
+    except ModuleNotFoundError as error:
+        raise _missing_extra("importing from Postgres", error) from error
+    import psycopg
+
+    with ExitStack() as stack:
+        try:
+            saver = stack.enter_context(PostgresSaver.from_conn_string(source))
+            # One read: refuses a database PostgresSaver never set up, before any write.
+            next(iter(saver.list(None, limit=1)), None)
+        except psycopg.errors.UndefinedTable as error:
+            raise ConfigurationError(
+                "the source database holds no LangGraph PostgresSaver tables (checkpoints, "
+                "checkpoint_blobs, checkpoint_writes) in its search_path: name the database and "
+                "schema PostgresSaver wrote",
+                context={"error": str(error)},
+            ) from error
+        except psycopg.OperationalError as error:
+            raise ConfigurationError(
+                f"cannot read the source database: {error}", context={"error": str(error)}
+            ) from error
+        yield saver
+
+
+@contextmanager
 def open_langgraph_saver(source: str) -> Iterator[BaseCheckpointSaver[Any]]:
     """Open LangGraph's saver on ``source``: a ``postgres://`` or ``postgresql://`` DSN
     (``PostgresSaver``; ``AsyncPostgresSaver`` writes the same tables) or the path of a
@@ -332,14 +359,11 @@ def open_langgraph_saver(source: str) -> Iterator[BaseCheckpointSaver[Any]]:
 
     Raises:
         MissingExtraError: the saver's package is not installed.
-        ConfigurationError: the file does not exist, or holds no LangGraph checkpoints.
+        ConfigurationError: the file does not exist or is not one SqliteSaver wrote; the
+            database cannot be reached or holds no PostgresSaver tables.
     """
     if source.startswith(("postgres://", "postgresql://")):
-        try:
-            from langgraph.checkpoint.postgres import PostgresSaver
-        except ModuleNotFoundError as error:
-            raise _missing_extra("importing from Postgres", error) from error
-        with PostgresSaver.from_conn_string(source) as saver:
+        with _open_postgres(source) as saver:
             yield saver
         return
     try:
