@@ -4,10 +4,10 @@
 (``list``) and writes it into a threadkeep saver through LangGraph's (``put``,
 ``put_writes``), keeping thread and checkpoint ids, metadata, parent links and pending writes,
 in every namespace. Checkpoints are put in id order (the order they were written), each
-naming the checkpoint it continues from as the run that wrote it may have (see
-:func:`threadkeep.core.rules.named_checkpoint`): a history whose branches interleave (time
-travel, forks, ``update_state``) is accepted as it is, while a put that continues from a head
-that moved on (a plain step) is still refused (SPEC W2).
+naming the checkpoint it continues from, as a run its caller started at a checkpoint does
+(:func:`threadkeep.core.rules.named_checkpoint`): the head rule (SPEC W2) takes such a put as
+a branch from that checkpoint, so a history whose branches interleave (time travel, forks,
+``update_state``) is accepted as it is, with no import mode that sets the rule aside.
 
 Re-running skips the checkpoints and writes the store already holds, so an interrupted import
 resumes where it stopped. :func:`verify_threads` compares every imported thread with its
