@@ -227,6 +227,50 @@ def threads_assign_owner(thread_ids: tuple[str, ...], user: str, force: bool, as
         sys.exit(EXIT_NOT_FOUND)
 
 
+@main.command("import")
+@click.argument("source")
+@click.option("--user", default=None, help="Owner of the imported threads (default: the anonymous owner).")
+@click.option("--verify", is_flag=True, help="Then compare every imported thread with the source.")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON for scripts.")
+def import_(source: str, user: str | None, verify: bool, as_json: bool) -> None:
+    """Copy every thread of LangGraph's SqliteSaver file or PostgresSaver database SOURCE (a
+    path or a postgresql:// DSN) into the configured store, keeping their ids. Re-running
+    skips what the store holds, so an interrupted import resumes. Exit 1 if a thread was
+    refused or --verify found a difference."""
+    from threadkeep.migrate import import_threads, open_langgraph_saver, source_thread_ids, verify_threads
+    from threadkeep.providers import open_checkpointer
+
+    with open_langgraph_saver(source) as origin, open_checkpointer() as saver:
+        ids = source_thread_ids(origin)
+        with click.progressbar(length=len(ids), label="importing threads", file=sys.stderr) as bar:
+            summary = import_threads(
+                origin, saver, user=user, thread_ids=ids, progress=lambda done, total, thread: bar.update(1)
+            )
+        mismatches = verify_threads(origin, saver, user=user, thread_ids=ids) if verify else None
+    result = summary.to_dict()
+    if mismatches is not None:
+        result["verified"] = not mismatches
+        result["mismatches"] = [str(mismatch) for mismatch in mismatches]
+    if as_json:
+        click.echo(json.dumps(result, indent=2))
+    else:
+        click.echo(
+            f"threads: {summary.threads:,} in the source, {summary.threads_copied:,} copied into the store"
+        )
+        click.echo(f"  checkpoints copied: {summary.checkpoints:,}")
+        click.echo(f"  pending writes copied: {summary.writes:,}")
+        for reason, count in (+summary.skipped).items():
+            click.echo(f"  skipped {count:,} {reason}")
+        for thread_id, reason in summary.skipped_threads.items():
+            click.echo(f"  skipped thread {thread_id!r}: {reason}")
+        if mismatches is not None:
+            click.echo(f"  verify: {'every thread matches the source' if not mismatches else 'differences:'}")
+            for mismatch in mismatches:
+                click.echo(f"    {mismatch}")
+    if summary.skipped_threads or mismatches:
+        sys.exit(EXIT_ERROR)
+
+
 @main.command()
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", default=8420, show_default=True, type=click.IntRange(1, 65535))
