@@ -28,6 +28,7 @@ from langgraph.checkpoint.base import (
 from langgraph.checkpoint.serde.base import SerializerProtocol
 
 from threadkeep.codec.serde import build_serde, with_allowlist
+from threadkeep.core.delta import DeltaWindow, keep_latest_counts
 from threadkeep.core.identity import Actor, actor_for
 from threadkeep.core.messages import ContentCache, EncodingMemo
 from threadkeep.core.program import Engine, Program, ProgramFactory
@@ -103,7 +104,15 @@ class Backend(Protocol):
 
     def copy_thread(self, source: str, target: str, actor: Actor, now: float) -> Program[bool]: ...
 
-    def prune(self, thread_ids: Sequence[str], strategy: str, owner: str | None) -> Program[None]: ...
+    # ``keep``: per thread, per namespace, how many newest checkpoints keep_latest keeps (1
+    # when not named): more where a delta field reads older ones (see core/delta.py).
+    def prune(
+        self,
+        thread_ids: Sequence[str],
+        strategy: str,
+        owner: str | None,
+        keep: Mapping[str, Mapping[str, int]] | None = None,
+    ) -> Program[None]: ...
 
     def stats(self, thread_id: str | None = None) -> dict[str, Any]: ...
 
@@ -190,6 +199,7 @@ class ThreadkeepSaver(BaseCheckpointSaver[str]):
         self._owns_engine = True
         self._memo = EncodingMemo()
         self._content = ContentCache()
+        self._delta_window = DeltaWindow()
 
     # running programs ---------------------------------------------------------------------
 
@@ -212,6 +222,7 @@ class ThreadkeepSaver(BaseCheckpointSaver[str]):
         metadata: CheckpointMetadata,
         new_versions: ChannelVersions,
     ) -> ProgramFactory[RunnableConfig]:
+        configurable = config.get("configurable") or {}
         step = prepare_put(
             config,
             checkpoint,
@@ -219,7 +230,11 @@ class ThreadkeepSaver(BaseCheckpointSaver[str]):
             new_versions,
             self.serde,
             isolate=self.enforce_user_isolation,
-            history_limit=self.state_history_limit,
+            history_limit=self._delta_window.keep(
+                (str(configurable.get("thread_id")), configurable.get("checkpoint_ns") or ""),
+                metadata,
+                self.state_history_limit,
+            ),
             now=self.clock(),
             memo=self._memo,
             content=self._content,
@@ -276,7 +291,23 @@ class ThreadkeepSaver(BaseCheckpointSaver[str]):
 
     def _prune(self, thread_ids: Sequence[str], strategy: str) -> ProgramFactory[None]:
         owner, ids = self._actor().owner_filter, [str(t) for t in thread_ids]
-        return lambda: self.backend.prune(ids, strategy, owner)
+        if strategy != "keep_latest":
+            return lambda: self.backend.prune(ids, strategy, owner)
+
+        def program() -> Program[None]:
+            # keep_latest keeps, in each namespace, what its latest checkpoint's delta fields
+            # are rebuilt from (core/delta.py): read in the same run as the prune.
+            keep = {}
+            for thread_id in ids:
+                found: builtins.list[CheckpointTuple] = []
+                query = self._list_query({"configurable": {"thread_id": thread_id}}, None, None, None)
+                while query is not None:
+                    page, query = yield from self.backend.list_page(query, self.serde, self._content)
+                    found += page
+                keep[thread_id] = keep_latest_counts(found)
+            return (yield from self.backend.prune(ids, strategy, owner, keep))
+
+        return program
 
     # LangGraph's API ----------------------------------------------------------------------
 

@@ -7,7 +7,7 @@ is imported when a Redis saver is first built (``pip install 'threadkeep[redis]'
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from langchain_core.runnables import RunnableConfig
@@ -89,8 +89,14 @@ class RedisBackend:
     def copy_thread(self, source: str, target: str, actor: Actor, now: float) -> Program[bool]:
         return self._programs.copy_thread(self.space, source, target, actor, now=now, ttl_ms=self.ttl_ms)
 
-    def prune(self, thread_ids: Iterable[str], strategy: str, owner: str | None) -> Program[None]:
-        return self._programs.prune(self.space, thread_ids, strategy, owner)
+    def prune(
+        self,
+        thread_ids: Iterable[str],
+        strategy: str,
+        owner: str | None,
+        keep: Mapping[str, Mapping[str, int]] | None = None,
+    ) -> Program[None]:
+        return self._programs.prune(self.space, thread_ids, strategy, owner, keep)
 
     # retention (SPEC RT1-RT5, SW1-SW8) ----------------------------------------------------------
 

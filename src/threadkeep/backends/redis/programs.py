@@ -7,7 +7,7 @@ put needs (:func:`~threadkeep.core.rules.required_head`, W2).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import orjson
@@ -484,15 +484,23 @@ def delete_for_runs(space: KeySpace, run_ids: Sequence[str], owner: str | None) 
     return removed
 
 
-def prune(space: KeySpace, thread_ids: Iterable[str], strategy: str, owner: str | None) -> Program[None]:
-    """LangGraph's ``prune``: ``keep_latest`` per namespace, or ``delete`` every checkpoint."""
+def prune(
+    space: KeySpace,
+    thread_ids: Iterable[str],
+    strategy: str,
+    owner: str | None,
+    keep: Mapping[str, Mapping[str, int]] | None = None,
+) -> Program[None]:
+    """LangGraph's ``prune``: ``keep_latest`` per namespace (the newest ``keep[thread][ns]``
+    checkpoints, 1 unless named), or ``delete`` every checkpoint."""
     if strategy not in ("keep_latest", "delete"):
         raise ValueError(f"prune strategy {strategy!r} is not 'keep_latest' or 'delete'")
     for thread_id in thread_ids:
         if strategy == "delete":
             yield from delete_thread(space, thread_id, owner)
         else:
-            yield Script("prune", space.thread(thread_id), [owner or ""])
+            counts = [str(part) for item in (keep or {}).get(thread_id, {}).items() for part in item]
+            yield Script("prune", space.thread(thread_id), [owner or "", *counts])
 
 
 def copy_thread(

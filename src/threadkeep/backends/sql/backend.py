@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any
@@ -147,8 +147,14 @@ class SqlBackend:
     def copy_thread(self, source: str, target: str, actor: Actor, now: float) -> Program[bool]:
         return programs.copy_thread(self.dialect, source, target, actor, now)
 
-    def prune(self, thread_ids: Iterable[str], strategy: str, owner: str | None) -> Program[None]:
-        return programs.prune(self.dialect, thread_ids, strategy, owner)
+    def prune(
+        self,
+        thread_ids: Iterable[str],
+        strategy: str,
+        owner: str | None,
+        keep: Mapping[str, Mapping[str, int]] | None = None,
+    ) -> Program[None]:
+        return programs.prune(self.dialect, thread_ids, strategy, owner, keep)
 
     # retention (SPEC RT1-RT5, SW1-SW8) ----------------------------------------------------------
 

@@ -926,8 +926,15 @@ def delete_for_runs(q: SqlDialect, run_ids: Sequence[str], owner: str | None) ->
     return len(rows)
 
 
-def prune(q: SqlDialect, thread_ids: Iterable[str], strategy: str, owner: str | None) -> Program[None]:
-    """LangGraph's ``prune``: ``keep_latest`` per namespace, or ``delete`` every checkpoint."""
+def prune(
+    q: SqlDialect,
+    thread_ids: Iterable[str],
+    strategy: str,
+    owner: str | None,
+    keep: Mapping[str, Mapping[str, int]] | None = None,
+) -> Program[None]:
+    """LangGraph's ``prune``: ``keep_latest`` per namespace (the newest ``keep[thread][ns]``
+    checkpoints, 1 unless named), or ``delete`` every checkpoint."""
     if strategy not in ("keep_latest", "delete"):
         raise ValueError(f"prune strategy {strategy!r} is not 'keep_latest' or 'delete'")
     for thread_id in thread_ids:
@@ -939,7 +946,10 @@ def prune(q: SqlDialect, thread_ids: Iterable[str], strategy: str, owner: str | 
             continue
         yield _lock_threads(q, {tid})  # as delete_for_runs: after any put in flight
         namespaces = yield Sql(q.SELECT_NAMESPACES, {"tid": tid})
-        statements = [statement for (ns,) in namespaces for statement in _keep_newest(q, tid, ns, 1)]
+        counts = (keep or {}).get(thread_id, {})
+        statements = [
+            statement for (ns,) in namespaces for statement in _keep_newest(q, tid, ns, counts.get(ns, 1))
+        ]
         if statements:
             yield Batch(tuple(statements))
 

@@ -20,7 +20,7 @@ it is the same for everyone.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from functools import partial
 from typing import Any
 
@@ -184,12 +184,18 @@ class TieredBackend:
         yield from self._forget(target, (yield from self._entry_user(target, actor)), removed=True)
         return bool(copied)
 
-    def prune(self, thread_ids: Iterable[str], strategy: str, owner: str | None) -> Program[None]:
+    def prune(
+        self,
+        thread_ids: Iterable[str],
+        strategy: str,
+        owner: str | None,
+        keep: Mapping[str, Mapping[str, int]] | None = None,
+    ) -> Program[None]:
         ids = list(thread_ids)
         users = []
         for thread_id in ids:
             users.append((yield from self._entry_user(thread_id, Actor(owner or "", owner))))
-        yield Durable(lambda: self.durable.prune(ids, strategy, owner), write=True)
+        yield Durable(lambda: self.durable.prune(ids, strategy, owner, keep), write=True)
         for thread_id, user in zip(ids, users, strict=True):
             yield from self._forget(thread_id, user, removed=True)
 

@@ -1,0 +1,280 @@
+"""Issue 34.1: graphs whose state uses LangGraph's ``DeltaChannel`` (langgraph 1.2) behave on
+every provider as on LangGraph's ``InMemorySaver``: sync and async, under every durability.
+
+A delta field stores only a snapshot every few updates; between snapshots its value is rebuilt
+from the writes of the checkpoint's ancestors. So these graphs also check that what keeps a
+store small (messages stored once, SPEC S1) and what removes history (``prune``, the history
+limit, ``delete_for_runs``) or copies it (``copy_thread``) leave a delta field readable.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable, Iterator
+from typing import Annotated, Any, TypedDict
+
+import pytest
+from langchain_core.messages import AIMessage, AnyMessage, HumanMessage
+from langgraph.channels.delta import DeltaChannel
+from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.graph import END, START, StateGraph
+from langgraph.types import Command, interrupt
+
+from tests.graphs import Driver
+from tests.providers import Opener
+
+
+def extend(state: list[Any], batches: list[list[Any]]) -> list[Any]:
+    """A batching-invariant reducer: appends each batch of items, in order."""
+    out = list(state)
+    for batch in batches:
+        out.extend(batch)
+    return out
+
+
+class Chat(TypedDict):
+    # snapshots at different cadences, so most checkpoints rebuild one field or both
+    log: Annotated[list[str], DeltaChannel(extend, snapshot_frequency=3)]
+    messages: Annotated[list[AnyMessage], DeltaChannel(extend, snapshot_frequency=2)]
+
+
+def chat_graph(checkpointer: Any) -> Any:
+    """reply (writes both delta fields) -> confirm (interrupts for a human answer)."""
+
+    def reply(state: Chat) -> dict[str, Any]:
+        turn = len(state["messages"])
+        return {"log": [f"reply {turn}"], "messages": [AIMessage(f"answer {turn}", id=f"ai-{turn}")]}
+
+    def confirm(state: Chat) -> dict[str, Any]:
+        return {"log": [f"confirmed {interrupt('confirm?')}"]}
+
+    builder = StateGraph(Chat)
+    builder.add_node("reply", reply)
+    builder.add_node("confirm", confirm)
+    builder.add_edge(START, "reply")
+    builder.add_edge("reply", "confirm")
+    builder.add_edge("confirm", END)
+    return builder.compile(checkpointer=checkpointer)
+
+
+def ask(turn: int) -> dict[str, Any]:
+    return {"log": [f"ask {turn}"], "messages": [HumanMessage(f"question {turn}", id=f"human-{turn}")]}
+
+
+class Plain(TypedDict):
+    log: Annotated[list[str], operator.add]
+    messages: Annotated[list[AnyMessage], DeltaChannel(extend, snapshot_frequency=2)]
+
+
+def plain_graph(checkpointer: Any) -> Any:
+    """The chat graph with ``log`` switched to a plain ``operator.add`` reducer."""
+
+    def reply(state: Plain) -> dict[str, Any]:
+        return {"log": [f"plain {len(state['log'])}"]}
+
+    builder = StateGraph(Plain)
+    builder.add_node("reply", reply)
+    builder.add_edge(START, "reply")
+    builder.add_edge("reply", END)
+    return builder.compile(checkpointer=checkpointer)
+
+
+class Notes(TypedDict):
+    notes: Annotated[list[str], DeltaChannel(extend, snapshot_frequency=2)]
+
+
+def nested_graph(checkpointer: Any) -> Any:
+    """A parent whose ``research`` node is a subgraph with a delta field that pauses."""
+
+    def draft(state: Notes) -> dict[str, Any]:
+        return {"notes": [f"draft {len(state['notes'])}"]}
+
+    def review(state: Notes) -> dict[str, Any]:
+        return {"notes": [f"review: {interrupt('review?')}"]}
+
+    inner = StateGraph(Notes)
+    inner.add_node("draft", draft)
+    inner.add_node("review", review)
+    inner.add_edge(START, "draft")
+    inner.add_edge("draft", "review")
+    inner.add_edge("review", END)
+
+    def publish(state: Notes) -> dict[str, Any]:
+        return {"notes": ["published"]}
+
+    outer = StateGraph(Notes)
+    outer.add_node("research", inner.compile())
+    outer.add_node("publish", publish)
+    outer.add_edge(START, "research")
+    outer.add_edge("research", "publish")
+    outer.add_edge("publish", END)
+    return outer.compile(checkpointer=checkpointer)
+
+
+@pytest.fixture(params=["sync", "async"])
+def driver(request: pytest.FixtureRequest) -> Iterator[Driver]:
+    driver = Driver(request.param)
+    yield driver
+    driver.close()
+
+
+@pytest.fixture(params=["sync", "async", "exit"])
+def durability(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+def cfg(thread_id: str) -> dict[str, Any]:
+    return {"configurable": {"thread_id": thread_id}}
+
+
+def seen(driver: Driver, graph: Any, config: Any) -> dict[str, Any]:
+    """What a user reads of a thread: its state and its whole history (values, next)."""
+    state = driver.get_state(graph, config, subgraphs=True)
+    return {
+        "values": state.values,
+        "next": state.next,
+        "tasks": [(t.name, t.state.values if t.state else None) for t in state.tasks],
+        "history": [(h.values, h.next) for h in driver.history(graph, config)],
+    }
+
+
+def values_of(output: dict[str, Any]) -> dict[str, Any]:
+    """A run's output with its interrupts as their values (their ids name checkpoints)."""
+    return {k: [i.value for i in v] if k == "__interrupt__" else v for k, v in output.items()}
+
+
+def same_as_langgraph(driver: Driver, saver: Any, scenario: Callable[[Any], Any]) -> Any:
+    """Runs ``scenario`` (given a checkpointer, returns what it saw) on ``saver`` and on
+    LangGraph's InMemorySaver, asserts both saw the same, and returns it."""
+    expected = scenario(InMemorySaver())
+    got = scenario(saver)
+    assert got == expected
+    return got
+
+
+def chat_turns(driver: Driver, graph: Any, thread: str, turns: int, durability: str) -> None:
+    for turn in range(turns):
+        driver.invoke(graph, ask(turn), cfg(thread), durability=durability)
+        driver.invoke(graph, Command(resume=f"yes {turn}"), cfg(thread), durability=durability)
+
+
+def test_delta_fields_run_pause_and_resume(driver: Driver, saver: Any, durability: str) -> None:
+    def scenario(checkpointer: Any) -> Any:
+        graph = chat_graph(checkpointer)
+        paused = driver.invoke(graph, ask(0), cfg("t"), durability=durability)
+        before = seen(driver, graph, cfg("t"))
+        chat_turns(driver, graph, "t", 4, durability)
+        return paused["__interrupt__"][0].value, before, seen(driver, graph, cfg("t"))
+
+    _, _, after = same_as_langgraph(driver, saver, scenario)
+    assert after["values"]["log"][-1] == "confirmed yes 3"
+    assert len(after["values"]["messages"]) == 10  # 5 questions (one asked twice), 5 answers
+
+
+def test_delta_fields_replay_and_fork(driver: Driver, saver: Any, durability: str) -> None:
+    def scenario(checkpointer: Any) -> Any:
+        graph = chat_graph(checkpointer)
+        chat_turns(driver, graph, "t", 3, durability)
+        history = driver.history(graph, cfg("t"))
+        past = history[len(history) // 2].config
+        replayed = driver.invoke(graph, None, past, durability=durability)
+        forked = driver.update_state(graph, past, {"log": ["edited"]})
+        resumed = driver.invoke(graph, None, forked, durability=durability)
+        return values_of(replayed), values_of(resumed), seen(driver, graph, cfg("t"))
+
+    _, resumed, _ = same_as_langgraph(driver, saver, scenario)
+    assert "edited" in resumed["log"]
+
+
+def test_delta_fields_update_state(driver: Driver, saver: Any, durability: str) -> None:
+    def scenario(checkpointer: Any) -> Any:
+        graph = chat_graph(checkpointer)
+        chat_turns(driver, graph, "t", 2, durability)
+        driver.update_state(graph, cfg("t"), {"log": ["by hand"], "messages": [AIMessage("note", id="n")]})
+        driver.update_state(graph, cfg("t"), {"log": ["again"]}, as_node="reply")
+        return seen(driver, graph, cfg("t"))
+
+    after = same_as_langgraph(driver, saver, scenario)
+    assert after["values"]["log"][-2:] == ["by hand", "again"]
+
+
+def test_delta_field_in_a_subgraph(driver: Driver, saver: Any, durability: str) -> None:
+    def scenario(checkpointer: Any) -> Any:
+        graph = nested_graph(checkpointer)
+        steps = []
+        for turn in range(3):
+            driver.invoke(graph, {"notes": [f"topic {turn}"]}, cfg("t"), durability=durability)
+            steps.append(seen(driver, graph, cfg("t")))
+            driver.invoke(graph, Command(resume=f"ok {turn}"), cfg("t"), durability=durability)
+        steps.append(seen(driver, graph, cfg("t")))
+        return steps
+
+    steps = same_as_langgraph(driver, saver, scenario)
+    assert steps[0]["tasks"][0][1]["notes"][-1].startswith("draft")
+    assert steps[-1]["values"]["notes"][-1] == "published"
+
+
+def test_switching_a_field_from_delta_to_plain_reducer(driver: Driver, saver: Any, durability: str) -> None:
+    def scenario(checkpointer: Any) -> Any:
+        chat_turns(driver, chat_graph(checkpointer), "t", 2, durability)
+        graph = plain_graph(checkpointer)
+        for _ in range(2):
+            driver.invoke(graph, {"log": ["plain input"]}, cfg("t"), durability=durability)
+        return seen(driver, graph, cfg("t"))
+
+    after = same_as_langgraph(driver, saver, scenario)
+    assert after["values"]["log"][0] == "ask 0"
+    assert after["values"]["log"][-1].startswith("plain")
+
+
+def test_messages_through_a_delta_field_are_stored_once(driver: Driver, saver: Any, durability: str) -> None:
+    graph = chat_graph(saver)
+    chat_turns(driver, graph, "t", 6, durability)
+    messages = driver.get_state(graph, cfg("t")).values["messages"]
+    assert len(messages) == 12
+    assert saver.stats("t")["messages"] == len({m.id for m in messages})
+
+
+def test_prune_keep_latest_leaves_delta_fields_readable(driver: Driver, saver: Any, durability: str) -> None:
+    def scenario(checkpointer: Any) -> Any:
+        graph = chat_graph(checkpointer)
+        chat_turns(driver, graph, "t", 3, durability)
+        driver.invoke(graph, ask(3), cfg("t"), durability=durability)  # paused
+        return driver.get_state(graph, cfg("t")).values
+
+    expected = scenario(InMemorySaver())
+    assert scenario(saver) == expected
+    graph = chat_graph(saver)
+    driver._call(saver, "prune", ["t"])  # type: ignore[arg-type]
+    state = driver.get_state(graph, cfg("t"))
+    assert state.values == expected
+    assert state.next == ("confirm",)
+    done = driver.invoke(graph, Command(resume="after prune"), cfg("t"), durability=durability)
+    assert done["log"] == [*expected["log"], "confirmed after prune"]
+
+
+def test_copy_thread_leaves_delta_fields_readable(driver: Driver, saver: Any, durability: str) -> None:
+    graph = chat_graph(saver)
+    chat_turns(driver, graph, "t", 3, durability)
+    expected = seen(driver, graph, cfg("t"))
+    driver._call(saver, "copy_thread", "t", "copy")  # type: ignore[arg-type]
+    assert seen(driver, graph, cfg("copy")) == expected
+    chat_turns(driver, graph, "copy", 1, durability)
+    assert (
+        driver.get_state(graph, cfg("copy")).values["log"][: len(expected["values"]["log"])]
+        == (expected["values"]["log"])
+    )
+
+
+def test_history_limit_leaves_delta_fields_readable(
+    driver: Driver, open_saver: Opener, durability: str
+) -> None:
+    def scenario(checkpointer: Any) -> Any:
+        graph = chat_graph(checkpointer)
+        chat_turns(driver, graph, "t", 6, durability)
+        return driver.get_state(graph, cfg("t")).values
+
+    expected = scenario(InMemorySaver())
+    limited = open_saver(state_history_limit=2)
+    assert scenario(limited) == expected
+    assert all(h.values["log"] for h in driver.history(chat_graph(limited), cfg("t")))
