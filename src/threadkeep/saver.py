@@ -28,7 +28,7 @@ from langgraph.checkpoint.base import (
 from langgraph.checkpoint.serde.base import SerializerProtocol
 
 from threadkeep.codec.serde import build_serde, with_allowlist
-from threadkeep.core.delta import DeltaWindow, keep_latest_counts
+from threadkeep.core.delta import DeltaWindow, keep_latest_counts, spared_by_delta
 from threadkeep.core.identity import Actor, actor_for
 from threadkeep.core.messages import ContentCache, EncodingMemo
 from threadkeep.core.program import Engine, Program, ProgramFactory
@@ -100,7 +100,14 @@ class Backend(Protocol):
 
     def delete_thread(self, thread_id: str, owner: str | None) -> Program[bool]: ...
 
-    def delete_for_runs(self, run_ids: Sequence[str], owner: str | None) -> Program[int]: ...
+    # ``spare``: per thread, the (namespace, checkpoint id) of the runs' checkpoints to keep:
+    # those a checkpoint that stays reads its delta fields from (see core/delta.py).
+    def delete_for_runs(
+        self,
+        run_ids: Sequence[str],
+        owner: str | None,
+        spare: Mapping[str, Collection[tuple[str, str]]] | None = None,
+    ) -> Program[int]: ...
 
     def copy_thread(self, source: str, target: str, actor: Actor, now: float) -> Program[bool]: ...
 
@@ -281,9 +288,37 @@ class ThreadkeepSaver(BaseCheckpointSaver[str]):
         owner = self._actor().owner_filter
         return lambda: self.backend.delete_thread(str(thread_id), owner)
 
+    def _all(
+        self, config: RunnableConfig | None, filter: dict[str, Any] | None = None
+    ) -> Program[builtins.list[CheckpointTuple]]:
+        """Every checkpoint ``list(config, filter=filter)`` returns, read in a program."""
+        found: builtins.list[CheckpointTuple] = []
+        query = self._list_query(config, filter, None, None)
+        while query is not None:
+            page, query = yield from self.backend.list_page(query, self.serde, self._content)
+            found += page
+        return found
+
     def _delete_for_runs(self, run_ids: Sequence[str]) -> ProgramFactory[int]:
         owner, ids = self._actor().owner_filter, [str(r) for r in run_ids]
-        return lambda: self.backend.delete_for_runs(ids, owner)
+
+        def program() -> Program[int]:
+            # A run's checkpoints that a later checkpoint's delta fields are rebuilt from
+            # stay (core/delta.py): read in the same run as the delete.
+            doomed: dict[str, set[tuple[str, str]]] = {}
+            for run_id in ids:
+                for found in (yield from self._all(None, {"run_id": run_id})):
+                    configurable = found.config["configurable"]
+                    doomed.setdefault(configurable["thread_id"], set()).add(
+                        (configurable.get("checkpoint_ns", ""), configurable["checkpoint_id"])
+                    )
+            spare = {}
+            for thread_id, gone in doomed.items():
+                thread = yield from self._all({"configurable": {"thread_id": thread_id}})
+                spare[thread_id] = spared_by_delta(thread, gone)
+            return (yield from self.backend.delete_for_runs(ids, owner, spare))
+
+        return program
 
     def _copy_thread(self, source: str, target: str) -> ProgramFactory[bool]:
         actor, now = self._actor(), self.clock()
@@ -299,12 +334,9 @@ class ThreadkeepSaver(BaseCheckpointSaver[str]):
             # are rebuilt from (core/delta.py): read in the same run as the prune.
             keep = {}
             for thread_id in ids:
-                found: builtins.list[CheckpointTuple] = []
-                query = self._list_query({"configurable": {"thread_id": thread_id}}, None, None, None)
-                while query is not None:
-                    page, query = yield from self.backend.list_page(query, self.serde, self._content)
-                    found += page
-                keep[thread_id] = keep_latest_counts(found)
+                keep[thread_id] = keep_latest_counts(
+                    (yield from self._all({"configurable": {"thread_id": thread_id}}))
+                )
             return (yield from self.backend.prune(ids, strategy, owner, keep))
 
         return program

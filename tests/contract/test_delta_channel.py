@@ -10,6 +10,8 @@ limit, ``delete_for_runs``) or copies it (``copy_thread``) leave a delta field r
 from __future__ import annotations
 
 import operator
+import secrets
+import uuid
 from collections.abc import Callable, Iterator
 from typing import Annotated, Any, TypedDict
 
@@ -38,17 +40,17 @@ class Chat(TypedDict):
     messages: Annotated[list[AnyMessage], DeltaChannel(extend, snapshot_frequency=2)]
 
 
-def chat_graph(checkpointer: Any) -> Any:
+def chat_graph(checkpointer: Any, state: type[Any] = Chat) -> Any:
     """reply (writes both delta fields) -> confirm (interrupts for a human answer)."""
 
-    def reply(state: Chat) -> dict[str, Any]:
+    def reply(state: dict[str, Any]) -> dict[str, Any]:
         turn = len(state["messages"])
         return {"log": [f"reply {turn}"], "messages": [AIMessage(f"answer {turn}", id=f"ai-{turn}")]}
 
-    def confirm(state: Chat) -> dict[str, Any]:
+    def confirm(state: dict[str, Any]) -> dict[str, Any]:
         return {"log": [f"confirmed {interrupt('confirm?')}"]}
 
-    builder = StateGraph(Chat)
+    builder = StateGraph(state)
     builder.add_node("reply", reply)
     builder.add_node("confirm", confirm)
     builder.add_edge(START, "reply")
@@ -134,7 +136,10 @@ def seen(driver: Driver, graph: Any, config: Any) -> dict[str, Any]:
         "values": state.values,
         "next": state.next,
         "tasks": [(t.name, t.state.values if t.state else None) for t in state.tasks],
-        "history": [(h.values, h.next) for h in driver.history(graph, config)],
+        "history": [
+            (h.values, h.next, h.metadata.get("counters_since_delta_snapshot"))
+            for h in driver.history(graph, config)
+        ],
     }
 
 
@@ -227,12 +232,30 @@ def test_switching_a_field_from_delta_to_plain_reducer(driver: Driver, saver: An
     assert after["values"]["log"][-1].startswith("plain")
 
 
-def test_messages_through_a_delta_field_are_stored_once(driver: Driver, saver: Any, durability: str) -> None:
-    graph = chat_graph(saver)
-    chat_turns(driver, graph, "t", 6, durability)
-    messages = driver.get_state(graph, cfg("t")).values["messages"]
-    assert len(messages) == 12
-    assert saver.stats("t")["messages"] == len({m.id for m in messages})
+class PlainChat(TypedDict):
+    log: Annotated[list[str], operator.add]
+    messages: Annotated[list[AnyMessage], operator.add]
+
+
+def test_messages_through_a_delta_field_are_stored_once(
+    driver: Driver, open_saver: Opener, durability: str
+) -> None:
+    # Incompressible questions; the same conversation through plain fields (whose message
+    # lists are stored once, S1) is the yardstick: delta snapshots holding the questions
+    # again (one every 2 updates here) would more than double the bytes.
+    questions = [HumanMessage(secrets.token_hex(2000), id=f"human-{turn}") for turn in range(6)]
+    stored = {}
+    for name, state in (("delta", Chat), ("plain", PlainChat)):
+        saver = open_saver(fresh=True)
+        graph = chat_graph(saver, state)
+        for question in questions:
+            driver.invoke(graph, {"log": ["ask"], "messages": [question]}, cfg("t"), durability=durability)
+            driver.invoke(graph, Command(resume="yes"), cfg("t"), durability=durability)
+        messages = driver.get_state(graph, cfg("t")).values["messages"]
+        assert len(messages) == 12
+        stored[name] = saver.stats("t")
+        assert stored[name]["messages"] == len({m.id for m in messages})
+    assert stored["delta"]["payload_bytes"] < stored["plain"]["payload_bytes"] * 1.25
 
 
 def test_prune_keep_latest_leaves_delta_fields_readable(driver: Driver, saver: Any, durability: str) -> None:
@@ -264,6 +287,23 @@ def test_copy_thread_leaves_delta_fields_readable(driver: Driver, saver: Any, du
         driver.get_state(graph, cfg("copy")).values["log"][: len(expected["values"]["log"])]
         == (expected["values"]["log"])
     )
+
+
+def test_delete_for_runs_leaves_later_runs_readable(driver: Driver, saver: Any, durability: str) -> None:
+    graph = chat_graph(saver)
+    first_run = str(uuid.uuid4())
+    for turn in range(2):
+        config = {"configurable": {"thread_id": "t", "run_id": first_run}}
+        driver.invoke(graph, ask(turn), config, durability=durability)
+        driver.invoke(graph, Command(resume=f"yes {turn}"), config, durability=durability)
+    driver.invoke(graph, ask(2), cfg("t"), durability=durability)  # a later run, paused
+    expected = seen(driver, graph, cfg("t"))
+    stored = saver.stats("t")["checkpoints"]
+    driver._call(saver, "delete_for_runs", [first_run])  # type: ignore[arg-type]
+    assert driver.get_state(graph, cfg("t")).values == expected["values"]
+    assert saver.stats("t")["checkpoints"] < stored  # what no later checkpoint reads is gone
+    done = driver.invoke(graph, Command(resume="after delete"), cfg("t"), durability=durability)
+    assert done["log"] == [*expected["values"]["log"], "confirmed after delete"]
 
 
 def test_history_limit_leaves_delta_fields_readable(

@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict, deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from typing import Any, Final
 
 from langgraph.checkpoint.base import CheckpointTuple
 from langgraph.checkpoint.serde.types import _DeltaSnapshot
 
-__all__ = ["COUNTERS", "DeltaWindow", "delta_depth", "keep_latest_counts"]
+__all__ = ["COUNTERS", "DeltaWindow", "delta_depth", "keep_latest_counts", "spared_by_delta"]
 
 # The metadata key in which LangGraph counts, per delta channel, (updates, supersteps) since
 # the channel's last snapshot; absent from checkpoints of graphs without delta channels.
@@ -38,10 +38,11 @@ def delta_depth(metadata: Mapping[str, Any]) -> int:
     return max((int(pair[1]) for pair in counters.values()), default=0)
 
 
-def keep_latest_counts(tuples: Iterable[CheckpointTuple]) -> dict[str, int]:
-    """For the checkpoints of one thread: per namespace, how many of its newest checkpoints
-    ``keep_latest`` keeps so that the latest reads its delta fields back (1 when it has
-    none, or stores them all). A chain that breaks (an ancestor already gone) stops there."""
+def _by_namespace(
+    tuples: Iterable[CheckpointTuple],
+) -> tuple[dict[str, dict[str, CheckpointTuple]], set[str]]:
+    """A thread's checkpoints by namespace and id, and the channels any of them shows to be
+    delta channels (counted in metadata, or stored as a snapshot)."""
     nodes: dict[str, dict[str, CheckpointTuple]] = {}
     delta: set[str] = set()
     for found in tuples:
@@ -49,22 +50,56 @@ def keep_latest_counts(tuples: Iterable[CheckpointTuple]) -> dict[str, int]:
         nodes.setdefault(ns, {})[found.config["configurable"]["checkpoint_id"]] = found
         delta.update(found.metadata.get(COUNTERS) or {})
         delta.update(k for k, v in found.checkpoint["channel_values"].items() if type(v) is _DeltaSnapshot)
+    return nodes, delta
+
+
+def _read_ancestors(by_id: Mapping[str, CheckpointTuple], delta: set[str], checkpoint_id: str) -> list[str]:
+    """The ancestors (nearest first) whose writes or stored values the delta fields of
+    ``checkpoint_id`` are rebuilt from: up to the nearest one storing each, as LangGraph's
+    ``get_delta_channel_history`` walks. A chain that breaks (an ancestor gone) stops there."""
+    found = by_id[checkpoint_id]
+    reads = delta & set(found.checkpoint["channel_versions"])
+    reads -= set(found.checkpoint["channel_values"])
+    out: list[str] = []
+    parent = found.parent_config
+    while reads and parent is not None:
+        ancestor = by_id.get(parent["configurable"]["checkpoint_id"])
+        if ancestor is None:
+            break
+        out.append(ancestor.config["configurable"]["checkpoint_id"])
+        reads -= set(ancestor.checkpoint["channel_values"])
+        parent = ancestor.parent_config
+    return out
+
+
+def keep_latest_counts(tuples: Iterable[CheckpointTuple]) -> dict[str, int]:
+    """For the checkpoints of one thread: per namespace, how many of its newest checkpoints
+    ``keep_latest`` keeps so that the latest reads its delta fields back (1 when it has
+    none, or stores them all)."""
+    nodes, delta = _by_namespace(tuples)
     counts: dict[str, int] = {}
     for ns, by_id in nodes.items():
         head = max(by_id)
-        floor = head
-        reads = delta & set(by_id[head].checkpoint["channel_versions"])
-        reads -= set(by_id[head].checkpoint["channel_values"])
-        parent = by_id[head].parent_config
-        while reads and parent is not None:
-            ancestor = by_id.get(parent["configurable"]["checkpoint_id"])
-            if ancestor is None:
-                break
-            floor = ancestor.config["configurable"]["checkpoint_id"]
-            reads -= set(ancestor.checkpoint["channel_values"])
-            parent = ancestor.parent_config
+        floor = min([head, *_read_ancestors(by_id, delta, head)])
         counts[ns] = sum(1 for checkpoint_id in by_id if checkpoint_id >= floor)
     return counts
+
+
+def spared_by_delta(
+    tuples: Iterable[CheckpointTuple], doomed: Collection[tuple[str, str]]
+) -> set[tuple[str, str]]:
+    """Of the ``doomed`` (namespace, checkpoint id) of one thread, those a checkpoint that
+    stays reads its delta fields from (directly, or through another spared one)."""
+    nodes, delta = _by_namespace(tuples)
+    spared: set[tuple[str, str]] = set()
+    if not delta:
+        return spared
+    for ns, by_id in nodes.items():
+        for checkpoint_id in by_id:
+            if (ns, checkpoint_id) in doomed:
+                continue
+            spared.update((ns, ancestor) for ancestor in _read_ancestors(by_id, delta, checkpoint_id))
+    return spared & set(doomed)
 
 
 class DeltaWindow:

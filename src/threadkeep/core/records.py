@@ -28,6 +28,7 @@ from langgraph.checkpoint.serde.types import _DeltaSnapshot
 
 from threadkeep.codec.faithful import FaithfulCodec
 from threadkeep.codec.serde import JSON_TYPE, list_decoder, typed_decoder
+from threadkeep.core.delta import COUNTERS
 from threadkeep.core.identity import Actor, actor_for
 from threadkeep.core.messages import (
     CHAIN_TYPE,
@@ -239,6 +240,12 @@ def prepare_put(
     if delta_lists:
         structure[_DELTA_LISTS] = delta_lists
     stored_metadata = get_serializable_checkpoint_metadata(config, metadata)
+    counters = stored_metadata.get(COUNTERS)
+    if counters:
+        # LangGraph's savers store the (updates, supersteps) pairs as JSON lists, and read
+        # them back so; a user reads the same metadata from ours.
+        pairs: dict[str, Any] = {channel: list(pair) for channel, pair in counters.items()}
+        stored_metadata[COUNTERS] = pairs
     every = checkpoint["channel_versions"]
     whole: Callable[[], PutStep] | None = None
     if any(channel not in new_versions for channel in every):

@@ -515,7 +515,7 @@ LIST_ALL = _LIST_COLUMNS + "WHERE true" + _LIST_CONDITIONS
 # --- deletes, pruning, copies --------------------------------------------------------------
 
 SELECT_RUN_CHECKPOINTS = """
-SELECT c.tid, c.checkpoint_ns, c.checkpoint_id
+SELECT c.tid, c.checkpoint_ns, c.checkpoint_id, t.thread_id
 FROM tk_checkpoints AS c JOIN tk_threads AS t ON t.tid = c.tid
 WHERE c.run_id IN (SELECT jsonb_array_elements_text(%(run_ids)s::jsonb))
   AND (%(owner)s::text IS NULL OR t.owner = %(owner)s::text)

@@ -7,7 +7,7 @@ is imported when a Redis saver is first built (``pip install 'threadkeep[redis]'
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from langchain_core.runnables import RunnableConfig
@@ -83,8 +83,13 @@ class RedisBackend:
     def delete_thread(self, thread_id: str, owner: str | None) -> Program[bool]:
         return self._programs.delete_thread(self.space, thread_id, owner)
 
-    def delete_for_runs(self, run_ids: Sequence[str], owner: str | None) -> Program[int]:
-        return self._programs.delete_for_runs(self.space, run_ids, owner)
+    def delete_for_runs(
+        self,
+        run_ids: Sequence[str],
+        owner: str | None,
+        spare: Mapping[str, Collection[tuple[str, str]]] | None = None,
+    ) -> Program[int]:
+        return self._programs.delete_for_runs(self.space, run_ids, owner, spare)
 
     def copy_thread(self, source: str, target: str, actor: Actor, now: float) -> Program[bool]:
         return self._programs.copy_thread(self.space, source, target, actor, now=now, ttl_ms=self.ttl_ms)

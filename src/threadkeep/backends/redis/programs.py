@@ -7,7 +7,7 @@ put needs (:func:`~threadkeep.core.rules.required_head`, W2).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any
 
 import orjson
@@ -473,14 +473,25 @@ def delete_thread(space: KeySpace, thread_id: str, owner: str | None) -> Program
     )
 
 
-def delete_for_runs(space: KeySpace, run_ids: Sequence[str], owner: str | None) -> Program[int]:
-    """Delete the checkpoints the given runs stored, in every thread the caller can see."""
+def delete_for_runs(
+    space: KeySpace,
+    run_ids: Sequence[str],
+    owner: str | None,
+    spare: Mapping[str, Collection[tuple[str, str]]] | None = None,
+) -> Program[int]:
+    """Delete the checkpoints the given runs stored, in every thread the caller can see, but
+    the (namespace, checkpoint id) ``spare`` names per thread."""
     if not run_ids:
         return 0
+    spared = {
+        space.tag(thread_id): [f"{ns}\0{cid}" for ns, cid in kept]
+        for thread_id, kept in (spare or {}).items()
+    }
     removed = 0
     for key in (yield Scan(space.threads_pattern)):
-        keys = space.of_tag(space.tag_of_key(key.decode()))
-        removed += int((yield Script("delete_runs", keys, [owner or "", *run_ids])))
+        tag = space.tag_of_key(key.decode())
+        args = [owner or "", str(len(run_ids)), *run_ids, *spared.get(tag, ())]
+        removed += int((yield Script("delete_runs", space.of_tag(tag), args)))
     return removed
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any
@@ -141,8 +141,13 @@ class SqlBackend:
     def delete_thread(self, thread_id: str, owner: str | None) -> Program[bool]:
         return programs.delete_thread(self.dialect, thread_id, owner)
 
-    def delete_for_runs(self, run_ids: Sequence[str], owner: str | None) -> Program[int]:
-        return programs.delete_for_runs(self.dialect, run_ids, owner)
+    def delete_for_runs(
+        self,
+        run_ids: Sequence[str],
+        owner: str | None,
+        spare: Mapping[str, Collection[tuple[str, str]]] | None = None,
+    ) -> Program[int]:
+        return programs.delete_for_runs(self.dialect, run_ids, owner, spare)
 
     def copy_thread(self, source: str, target: str, actor: Actor, now: float) -> Program[bool]:
         return programs.copy_thread(self.dialect, source, target, actor, now)

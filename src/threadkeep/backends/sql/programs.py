@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import base64
 import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import Any, Final, Protocol
 
 import orjson
@@ -898,8 +898,14 @@ def delete_thread(q: SqlDialect, thread_id: str, owner: str | None) -> Program[b
     return True
 
 
-def delete_for_runs(q: SqlDialect, run_ids: Sequence[str], owner: str | None) -> Program[int]:
-    """Delete the checkpoints (and their writes) the given runs stored; returns how many.
+def delete_for_runs(
+    q: SqlDialect,
+    run_ids: Sequence[str],
+    owner: str | None,
+    spare: Mapping[str, Collection[tuple[str, str]]] | None = None,
+) -> Program[int]:
+    """Delete the checkpoints (and their writes) the given runs stored, but the (namespace,
+    checkpoint id) ``spare`` names per thread; returns how many.
 
     The threads concerned are locked first and the runs' checkpoints read again: a put in
     flight on one of them may reuse a value only those checkpoints refer to, and the values
@@ -909,12 +915,17 @@ def delete_for_runs(q: SqlDialect, run_ids: Sequence[str], owner: str | None) ->
     rows = yield Sql(q.SELECT_RUN_CHECKPOINTS, query)
     if not rows:
         return 0
-    locked = {int(tid) for tid, _, _ in rows}
+    locked = {int(tid) for tid, _, _, _ in rows}
     yield _lock_threads(q, locked)
-    rows = [row for row in (yield Sql(q.SELECT_RUN_CHECKPOINTS, query)) if int(row[0]) in locked]
+    spare = spare or {}
+    rows = [
+        row
+        for row in (yield Sql(q.SELECT_RUN_CHECKPOINTS, query))
+        if int(row[0]) in locked and (row[1], row[2]) not in spare.get(row[3], ())
+    ]
     statements: list[Sql | SqlMany] = []
     touched: set[tuple[int, str]] = set()
-    for tid, ns, checkpoint_id in rows:
+    for tid, ns, checkpoint_id, _ in rows:
         params = {"tid": tid, "checkpoint_ns": ns, "checkpoint_id": checkpoint_id}
         statements += [Sql(q.DELETE_CHECKPOINT, params), Sql(q.DELETE_CHECKPOINT_WRITES, params)]
         touched.add((int(tid), ns))

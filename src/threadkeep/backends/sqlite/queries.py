@@ -265,7 +265,7 @@ LIST_ALL = _LIST_COLUMNS + "WHERE 1 = 1" + _LIST_CONDITIONS
 # --- deletes, pruning, copies --------------------------------------------------------------
 
 SELECT_RUN_CHECKPOINTS = """
-SELECT c.tid, c.checkpoint_ns, c.checkpoint_id
+SELECT c.tid, c.checkpoint_ns, c.checkpoint_id, t.thread_id
 FROM tk_checkpoints AS c JOIN tk_threads AS t ON t.tid = c.tid
 WHERE c.run_id IN (SELECT value FROM json_each(:run_ids))
   AND (:owner IS NULL OR t.owner = :owner)

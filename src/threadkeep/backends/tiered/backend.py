@@ -20,7 +20,7 @@ it is the same for everyone.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from functools import partial
 from typing import Any
 
@@ -172,9 +172,14 @@ class TieredBackend:
         yield from self._forget(thread_id, user, removed=True)
         return bool(deleted)
 
-    def delete_for_runs(self, run_ids: Sequence[str], owner: str | None) -> Program[int]:
+    def delete_for_runs(
+        self,
+        run_ids: Sequence[str],
+        owner: str | None,
+        spare: Mapping[str, Collection[tuple[str, str]]] | None = None,
+    ) -> Program[int]:
         threads = yield Durable(lambda: self.durable.run_threads(run_ids, owner))
-        removed = yield Durable(lambda: self.durable.delete_for_runs(run_ids, owner), write=True)
+        removed = yield Durable(lambda: self.durable.delete_for_runs(run_ids, owner, spare), write=True)
         for thread_id, thread_owner in threads:
             yield from self._forget(thread_id, thread_owner if self.isolate else _SHARED, removed=True)
         return int(removed)
