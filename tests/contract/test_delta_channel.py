@@ -312,9 +312,12 @@ def test_history_limit_leaves_delta_fields_readable(
     def scenario(checkpointer: Any) -> Any:
         graph = chat_graph(checkpointer)
         chat_turns(driver, graph, "t", 6, durability)
-        return driver.get_state(graph, cfg("t")).values
+        history = driver.history(graph, cfg("t"))
+        return [(h.values, h.next) for h in history]
 
     expected = scenario(InMemorySaver())
-    limited = open_saver(state_history_limit=2)
-    assert scenario(limited) == expected
-    assert all(h.values["log"] for h in driver.history(chat_graph(limited), cfg("t")))
+    kept = scenario(open_saver(state_history_limit=3))
+    # the newest 3 read back as LangGraph's own saver reads them; the store keeps the older
+    # ones their delta fields are rebuilt from, and no more
+    assert kept[:3] == expected[:3]
+    assert 3 < len(kept) < len(expected)

@@ -104,14 +104,19 @@ def spared_by_delta(
 
 class DeltaWindow:
     """How many checkpoints a history limit keeps at a put, so that each of the newest
-    ``limit`` still reads its delta fields: the one ``p`` puts back needs ``p`` plus its
-    :func:`delta_depth` more. The depths of the last puts of each (thread, namespace) that
-    uses delta fields are remembered in this process; until ``limit`` of them are known
-    (a fresh process) the put keeps everything (``None``).
+    ``limit`` still reads its delta fields: the one ``p`` puts back needs the ``p + depth + 1``
+    newest (``depth``: its :func:`delta_depth`). The depths of the last ``limit`` puts of each
+    (thread, namespace) that uses delta fields are remembered in this process; until
+    ``limit`` of them are known (a fresh process) the put keeps everything (``None``).
 
-    The window counts the newest checkpoints of the namespace: it covers a linear history,
-    and a fork (LangGraph snapshots a forked checkpoint's delta fields); a replay whose
-    branch is read from ancestors older than the window keeps fewer.
+    The older checkpoints kept for them are kept for their writes and stored values: one of
+    them read as a state may show a delta field rebuilt from less history (every checkpoint
+    of a thread whose delta fields snapshot at different steps reads further back than the
+    one before, so "every kept one reads back whole" would keep the whole thread).
+
+    The window counts the newest checkpoints of the namespace, in the order they were
+    created: it covers a linear history, forks (LangGraph snapshots a forked checkpoint's
+    delta fields) and replays from a checkpoint the window holds.
     """
 
     _MAX_THREADS: Final = 4096
