@@ -276,6 +276,24 @@ def test_prune_keep_latest_leaves_delta_fields_readable(driver: Driver, saver: A
     assert done["log"] == [*expected["log"], "confirmed after prune"]
 
 
+def test_prune_keep_latest_leaves_a_paused_subgraph_readable(
+    driver: Driver, saver: Any, durability: str
+) -> None:
+    def scenario(checkpointer: Any, prune: bool) -> Any:
+        graph = nested_graph(checkpointer)
+        for turn in range(2):
+            driver.invoke(graph, {"notes": [f"topic {turn}"]}, cfg("t"), durability=durability)
+            driver.invoke(graph, Command(resume=f"ok {turn}"), cfg("t"), durability=durability)
+        driver.invoke(graph, {"notes": ["topic 2"]}, cfg("t"), durability=durability)  # paused inside
+        if prune:
+            driver._call(checkpointer, "prune", ["t"])
+        paused = seen(driver, graph, cfg("t"))
+        done = driver.invoke(graph, Command(resume="ok 2"), cfg("t"), durability=durability)
+        return paused["values"], paused["tasks"], done
+
+    assert scenario(saver, prune=True) == scenario(InMemorySaver(), prune=False)
+
+
 def test_copy_thread_leaves_delta_fields_readable(driver: Driver, saver: Any, durability: str) -> None:
     graph = chat_graph(saver)
     chat_turns(driver, graph, "t", 3, durability)
