@@ -20,7 +20,7 @@ from langchain_core.messages import AIMessage, AnyMessage, HumanMessage
 from langgraph.channels.delta import DeltaChannel
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import END, START, StateGraph
-from langgraph.types import Command, interrupt
+from langgraph.types import Command, Send, interrupt
 
 from tests.graphs import Driver
 from tests.providers import Opener
@@ -174,6 +174,41 @@ def test_delta_fields_run_pause_and_resume(driver: Driver, saver: Any, durabilit
     _, _, after = same_as_langgraph(driver, saver, scenario)
     assert after["values"]["log"][-1] == "confirmed yes 3"
     assert len(after["values"]["messages"]) == 10  # 5 questions (one asked twice), 5 answers
+
+
+class Fan(TypedDict):
+    log: Annotated[list[str], DeltaChannel(extend, snapshot_frequency=4)]
+
+
+def fan_graph(checkpointer: Any) -> Any:
+    """Three parallel nodes and a Send fan-out write one delta field in the same steps: the
+    field is rebuilt from their writes in the order LangGraph applied them."""
+
+    def branch(name: str) -> Any:
+        return lambda state: {"log": [f"{name} {len(state['log'])}"]}
+
+    def fan_out(state: Fan) -> list[Send]:
+        return [Send("item", {"log": [f"send {i}"]}) for i in range(3)]
+
+    builder = StateGraph(Fan)
+    for name in ("a", "b", "c"):
+        builder.add_node(name, branch(name))
+        builder.add_edge(START, name)
+    builder.add_node("item", lambda state: {"log": [f"item {state['log'][-1]}"]})
+    builder.add_conditional_edges("a", fan_out, ["item"])
+    builder.add_edge("item", END)
+    return builder.compile(checkpointer=checkpointer)
+
+
+def test_parallel_writes_to_a_delta_field(driver: Driver, saver: Any, durability: str) -> None:
+    def scenario(checkpointer: Any) -> Any:
+        graph = fan_graph(checkpointer)
+        for turn in range(3):
+            driver.invoke(graph, {"log": [f"turn {turn}"]}, cfg("t"), durability=durability)
+        return seen(driver, graph, cfg("t"))
+
+    after = same_as_langgraph(driver, saver, scenario)
+    assert len(after["values"]["log"]) == 3 * 7
 
 
 def test_delta_fields_replay_and_fork(driver: Driver, saver: Any, durability: str) -> None:
