@@ -28,6 +28,7 @@ from langgraph.checkpoint.base import (
 from langgraph.checkpoint.serde.base import SerializerProtocol
 
 from threadkeep.codec.serde import build_serde, with_allowlist
+from threadkeep.core.delta import DeltaWindow, keep_latest_counts, spared_by_delta
 from threadkeep.core.identity import ANONYMOUS, Actor, actor_for
 from threadkeep.core.ids import checked_id, checked_ids, checked_park
 from threadkeep.core.messages import ContentCache, EncodingMemo
@@ -101,11 +102,26 @@ class Backend(Protocol):
 
     def delete_thread(self, thread_id: str, owner: str | None) -> Program[bool]: ...
 
-    def delete_for_runs(self, run_ids: Sequence[str], owner: str | None) -> Program[int]: ...
+    # ``spare``: per thread, the (namespace, checkpoint id) of the runs' checkpoints to keep:
+    # those a checkpoint that stays reads its delta fields from (see core/delta.py).
+    def delete_for_runs(
+        self,
+        run_ids: Sequence[str],
+        owner: str | None,
+        spare: Mapping[str, Collection[tuple[str, str]]] | None = None,
+    ) -> Program[int]: ...
 
     def copy_thread(self, source: str, target: str, actor: Actor, now: float) -> Program[bool]: ...
 
-    def prune(self, thread_ids: Sequence[str], strategy: str, owner: str | None) -> Program[None]: ...
+    # ``keep``: per thread, per namespace, how many newest checkpoints keep_latest keeps (1
+    # when not named): more where a delta field reads older ones (see core/delta.py).
+    def prune(
+        self,
+        thread_ids: Sequence[str],
+        strategy: str,
+        owner: str | None,
+        keep: Mapping[str, Mapping[str, int]] | None = None,
+    ) -> Program[None]: ...
 
     def assign_owner(
         self, thread_ids: Sequence[str], user: str, force: bool
@@ -196,6 +212,7 @@ class ThreadkeepSaver(BaseCheckpointSaver[str]):
         self._owns_engine = True
         self._memo = EncodingMemo()
         self._content = ContentCache()
+        self._delta_window = DeltaWindow()
 
     # running programs ---------------------------------------------------------------------
 
@@ -218,6 +235,7 @@ class ThreadkeepSaver(BaseCheckpointSaver[str]):
         metadata: CheckpointMetadata,
         new_versions: ChannelVersions,
     ) -> ProgramFactory[RunnableConfig]:
+        configurable = config.get("configurable") or {}
         step = prepare_put(
             config,
             checkpoint,
@@ -225,7 +243,11 @@ class ThreadkeepSaver(BaseCheckpointSaver[str]):
             new_versions,
             self.serde,
             isolate=self.enforce_user_isolation,
-            history_limit=self.state_history_limit,
+            history_limit=self._delta_window.keep(
+                (str(configurable.get("thread_id")), configurable.get("checkpoint_ns") or ""),
+                metadata,
+                self.state_history_limit,
+            ),
             now=self.clock(),
             memo=self._memo,
             content=self._content,
@@ -272,9 +294,38 @@ class ThreadkeepSaver(BaseCheckpointSaver[str]):
         owner, checked = self._actor().owner_filter, checked_id(str(thread_id), "thread_id")
         return lambda: self.backend.delete_thread(checked, owner)
 
+    def _all(
+        self, config: RunnableConfig | None, filter: dict[str, Any] | None = None
+    ) -> Program[builtins.list[CheckpointTuple]]:
+        """Every checkpoint ``list(config, filter=filter)`` returns, read in a program."""
+        found: builtins.list[CheckpointTuple] = []
+        query = self._list_query(config, filter, None, None)
+        while query is not None:
+            page, query = yield from self.backend.list_page(query, self.serde, self._content)
+            found += page
+        return found
+
     def _delete_for_runs(self, run_ids: Sequence[str]) -> ProgramFactory[int]:
         owner, ids = self._actor().owner_filter, checked_ids(run_ids, "run_ids")
-        return lambda: self.backend.delete_for_runs(ids, owner)
+
+        def program() -> Program[int]:
+            # A run's checkpoints that a later checkpoint's delta fields are rebuilt from
+            # stay (core/delta.py): read in the same run as the delete. Only the caller's
+            # threads are read; the store refuses the runs' checkpoints on another user's.
+            doomed: dict[str, set[tuple[str, str]]] = {}
+            for run_id in ids:
+                for found in (yield from self._all(None, {"run_id": run_id})):
+                    configurable = found.config["configurable"]
+                    doomed.setdefault(configurable["thread_id"], set()).add(
+                        (configurable.get("checkpoint_ns", ""), configurable["checkpoint_id"])
+                    )
+            spare = {}
+            for thread_id, gone in doomed.items():
+                thread = yield from self._all({"configurable": {"thread_id": thread_id}})
+                spare[thread_id] = spared_by_delta(thread, gone)
+            return (yield from self.backend.delete_for_runs(ids, owner, spare))
+
+        return program
 
     def _copy_thread(self, source: str, target: str) -> ProgramFactory[bool]:
         source = checked_id(str(source), "source_thread_id")
@@ -284,7 +335,21 @@ class ThreadkeepSaver(BaseCheckpointSaver[str]):
 
     def _prune(self, thread_ids: Sequence[str], strategy: str) -> ProgramFactory[None]:
         owner, ids = self._actor().owner_filter, checked_ids(thread_ids, "thread_ids")
-        return lambda: self.backend.prune(ids, strategy, owner)
+        if strategy != "keep_latest":
+            return lambda: self.backend.prune(ids, strategy, owner)
+
+        def program() -> Program[None]:
+            # keep_latest keeps, in each namespace, what its latest checkpoint's delta fields
+            # are rebuilt from (core/delta.py): read in the same run as the prune. Only the
+            # caller's threads are read; the store refuses another user's.
+            keep = {}
+            for thread_id in ids:
+                keep[thread_id] = keep_latest_counts(
+                    (yield from self._all({"configurable": {"thread_id": thread_id}}))
+                )
+            return (yield from self.backend.prune(ids, strategy, owner, keep))
+
+        return program
 
     # LangGraph's API ----------------------------------------------------------------------
 

@@ -37,6 +37,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 import orjson
 from langchain_core.load.load import Reviver, default_init_validator
 from langchain_core.load.serializable import Serializable
+from langgraph.checkpoint.serde.types import _DeltaSnapshot
 from langgraph.types import Send
 from pydantic import BaseModel
 
@@ -586,6 +587,8 @@ class FaithfulCodec:
             Send: lambda v: {"~send": [v.node, self._enc(v.arg)]},
             CheckpointedException: lambda v: {"~exc": self._exc_record(v)},
             ExceptionText: lambda v: {"~exc": self._exc_record(v.exception, text=str.__str__(v))},
+            # A DeltaChannel's snapshot (langgraph 1.2): the value its ancestor walk stops at.
+            _DeltaSnapshot: lambda v: {"~delta": self._enc(v.value)},
         }
         self._decoders: dict[str, Callable[[Any], object]] = {
             "~dict": self._dec_pairs,
@@ -609,6 +612,7 @@ class FaithfulCodec:
             "~model": self._dec_model,
             "~lc": self._dec_lc,
             "~exc": self._dec_exc,
+            "~delta": lambda p: _DeltaSnapshot(self._dec(p)),
         }
 
     def with_allowlist(self, extra: Collection[tuple[str, ...]]) -> FaithfulCodec:

@@ -24,9 +24,11 @@ from langgraph.checkpoint.base import (
     get_serializable_checkpoint_metadata,
 )
 from langgraph.checkpoint.serde.base import SerializerProtocol
+from langgraph.checkpoint.serde.types import _DeltaSnapshot
 
 from threadkeep.codec.faithful import FaithfulCodec
 from threadkeep.codec.serde import JSON_TYPE, list_decoder, typed_decoder
+from threadkeep.core.delta import COUNTERS
 from threadkeep.core.identity import Actor, actor_for
 from threadkeep.core.ids import MAX_NAMESPACE_BYTES, checked_id
 from threadkeep.core.messages import (
@@ -79,6 +81,13 @@ STRUCTURE: Final = FaithfulCodec()
 # Parts of a checkpoint not stored in its structure: the values go their own ways, and the
 # id is the key the checkpoint is stored under.
 _KEYED: Final = frozenset({"channel_values", "id"})
+# The structure's list of the channels whose value is a DeltaChannel snapshot of a message
+# list: the list is stored as a chain like any other (SPEC S1), and read back wrapped again.
+_DELTA_LISTS: Final = "tk_delta_lists"
+
+
+def _is_delta_list(value: object) -> bool:
+    return type(value) is _DeltaSnapshot and is_message_list(value.value)
 
 
 def version_key(version: object) -> str:
@@ -236,6 +245,15 @@ def prepare_put(
             chains.append(chain)
     # The id is the key the checkpoint is stored under: not stored again (see assemble).
     structure = {k: v for k, v in checkpoint.items() if k not in _KEYED}
+    delta_lists = sorted(channel for channel, value in values.items() if _is_delta_list(value))
+    if delta_lists:
+        structure[_DELTA_LISTS] = delta_lists
+    counters = stored_metadata.get(COUNTERS)
+    if counters:
+        # LangGraph's savers store the (updates, supersteps) pairs as JSON lists, and read
+        # them back so; a user reads the same metadata from ours.
+        pairs: dict[str, Any] = {channel: list(pair) for channel, pair in counters.items()}
+        stored_metadata[COUNTERS] = pairs
     every = checkpoint["channel_versions"]
     whole: Callable[[], PutStep] | None = None
     if any(channel not in new_versions for channel in every):
@@ -276,6 +294,8 @@ def _encode_value(
     """The stored form of a channel's value, and its message chain if it is a message list
     (known to ``content``, when given, so a later read in this process need not walk it)."""
     path = f"channel_values.{channel}"
+    if _is_delta_list(value):
+        value = value.value
     if not is_message_list(value):
         return BlobRow(channel, version, *_encode(serde, value, path)), None
     try:
@@ -609,6 +629,10 @@ class StoredCheckpoint:
         cache it read through (which holds each list's digests), so that the run's next put
         knows the messages decoded here (:meth:`EncodingMemo.seed`)."""
         values: dict[str, Any] = {}
+        structure = self.structure
+        delta_lists = frozenset(structure.get(_DELTA_LISTS, ()))
+        if delta_lists:
+            structure = {k: v for k, v in structure.items() if k != _DELTA_LISTS}
         for channel, vtype, value in self.values:
             path = f"channel_values.{channel}"
             if vtype == EMPTY_TYPE:
@@ -621,6 +645,8 @@ class StoredCheckpoint:
                 if memo is not None and digests is not None:
                     key = (self.thread_id, self.checkpoint_ns, channel)
                     memo.seed(key, tail, values[channel], digests, lists[tail])
+                if channel in delta_lists:
+                    values[channel] = _DeltaSnapshot(values[channel])
             else:
                 values[channel] = decode_value(serde, vtype, value, path)
         return assemble(
@@ -628,7 +654,7 @@ class StoredCheckpoint:
             checkpoint_ns=self.checkpoint_ns,
             checkpoint_id=self.checkpoint_id,
             parent_id=self.parent_id,
-            structure=self.structure,
+            structure=structure,
             metadata=self.metadata,
             channel_values=values,
             pending_writes=[

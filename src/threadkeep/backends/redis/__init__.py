@@ -8,7 +8,7 @@ the redis provider is first chosen.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any
 
 from langchain_core.runnables import RunnableConfig
@@ -81,14 +81,25 @@ class RedisBackend:
     def delete_thread(self, thread_id: str, owner: str | None) -> Program[bool]:
         return self._programs.delete_thread(self.space, thread_id, owner)
 
-    def delete_for_runs(self, run_ids: Sequence[str], owner: str | None) -> Program[int]:
-        return self._programs.delete_for_runs(self.space, run_ids, owner)
+    def delete_for_runs(
+        self,
+        run_ids: Sequence[str],
+        owner: str | None,
+        spare: Mapping[str, Collection[tuple[str, str]]] | None = None,
+    ) -> Program[int]:
+        return self._programs.delete_for_runs(self.space, run_ids, owner, spare)
 
     def copy_thread(self, source: str, target: str, actor: Actor, now: float) -> Program[bool]:
         return self._programs.copy_thread(self.space, source, target, actor, now=now, ttl_ms=self.ttl_ms)
 
-    def prune(self, thread_ids: Iterable[str], strategy: str, owner: str | None) -> Program[None]:
-        return self._programs.prune(self.space, thread_ids, strategy, owner)
+    def prune(
+        self,
+        thread_ids: Iterable[str],
+        strategy: str,
+        owner: str | None,
+        keep: Mapping[str, Mapping[str, int]] | None = None,
+    ) -> Program[None]:
+        return self._programs.prune(self.space, thread_ids, strategy, owner, keep)
 
     def assign_owner(
         self, thread_ids: Sequence[str], user: str, force: bool

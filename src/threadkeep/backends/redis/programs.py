@@ -7,7 +7,7 @@ put needs (:func:`~threadkeep.core.rules.required_head`, W2).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any
 
 import orjson
@@ -520,8 +520,14 @@ def delete_thread(space: KeySpace, thread_id: str, owner: str | None) -> Program
     )
 
 
-def delete_for_runs(space: KeySpace, run_ids: Sequence[str], owner: str | None) -> Program[int]:
-    """Delete the checkpoints the given runs stored, in every thread.
+def delete_for_runs(
+    space: KeySpace,
+    run_ids: Sequence[str],
+    owner: str | None,
+    spare: Mapping[str, Collection[tuple[str, str]]] | None = None,
+) -> Program[int]:
+    """Delete the checkpoints the given runs stored, in every thread, but the (namespace,
+    checkpoint id) ``spare`` names per thread.
 
     Raises:
         StorageForbiddenError: a run stored checkpoints on a thread of another user than
@@ -529,13 +535,18 @@ def delete_for_runs(space: KeySpace, run_ids: Sequence[str], owner: str | None) 
     """
     if not run_ids:
         return 0
+    spared = {
+        space.tag(thread_id): [f"{ns}\0{cid}" for ns, cid in kept]
+        for thread_id, kept in (spare or {}).items()
+    }
     tags = [space.tag_of_key(key.decode()) for key in (yield Scan(space.threads_pattern))]
     passes = ("1",) if owner is None else ("0", "1")  # a user's: check every thread first
     removed = 0
     for mode in passes:
         for tag in tags:
             keys = space.of_tag(tag)
-            found = int((yield Script("delete_runs", keys, [owner or "", mode, *run_ids])))
+            args = [owner or "", mode, str(len(run_ids)), *run_ids, *spared.get(tag, ())]
+            found = int((yield Script("delete_runs", keys, args)))
             if found == _REFUSED:
                 thread_id = (yield Command(("HGET", keys[0], "id"))) or b"?"
                 raise StorageForbiddenError(thread_id.decode(), owner or "", action="delete runs on")
@@ -555,8 +566,15 @@ def _check_owners(
             check_owner(thread_id=thread_id, owner=found.decode(), user_id=owner, enforce=True, action=action)
 
 
-def prune(space: KeySpace, thread_ids: Iterable[str], strategy: str, owner: str | None) -> Program[None]:
-    """LangGraph's ``prune``: ``keep_latest`` per namespace, or ``delete`` every checkpoint.
+def prune(
+    space: KeySpace,
+    thread_ids: Iterable[str],
+    strategy: str,
+    owner: str | None,
+    keep: Mapping[str, Mapping[str, int]] | None = None,
+) -> Program[None]:
+    """LangGraph's ``prune``: ``keep_latest`` per namespace (the newest ``keep[thread][ns]``
+    checkpoints, 1 unless named), or ``delete`` every checkpoint.
 
     Raises:
         StorageForbiddenError: one of the threads belongs to another user than ``owner``;
@@ -569,8 +587,10 @@ def prune(space: KeySpace, thread_ids: Iterable[str], strategy: str, owner: str 
     for thread_id in ids:
         if strategy == "delete":
             yield from delete_thread(space, thread_id, owner)
-        elif (yield Script("prune", space.thread(thread_id), [owner or ""])) == _REFUSED:
-            raise StorageForbiddenError(thread_id, owner or "", action="prune")
+        else:
+            counts = [str(part) for item in (keep or {}).get(thread_id, {}).items() for part in item]
+            if (yield Script("prune", space.thread(thread_id), [owner or "", *counts])) == _REFUSED:
+                raise StorageForbiddenError(thread_id, owner or "", action="prune")
 
 
 def copy_thread(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any
@@ -141,14 +141,25 @@ class SqlBackend:
     def delete_thread(self, thread_id: str, owner: str | None) -> Program[bool]:
         return programs.delete_thread(self.dialect, thread_id, owner)
 
-    def delete_for_runs(self, run_ids: Sequence[str], owner: str | None) -> Program[int]:
-        return programs.delete_for_runs(self.dialect, run_ids, owner)
+    def delete_for_runs(
+        self,
+        run_ids: Sequence[str],
+        owner: str | None,
+        spare: Mapping[str, Collection[tuple[str, str]]] | None = None,
+    ) -> Program[int]:
+        return programs.delete_for_runs(self.dialect, run_ids, owner, spare)
 
     def copy_thread(self, source: str, target: str, actor: Actor, now: float) -> Program[bool]:
         return programs.copy_thread(self.dialect, source, target, actor, now)
 
-    def prune(self, thread_ids: Iterable[str], strategy: str, owner: str | None) -> Program[None]:
-        return programs.prune(self.dialect, thread_ids, strategy, owner)
+    def prune(
+        self,
+        thread_ids: Iterable[str],
+        strategy: str,
+        owner: str | None,
+        keep: Mapping[str, Mapping[str, int]] | None = None,
+    ) -> Program[None]:
+        return programs.prune(self.dialect, thread_ids, strategy, owner, keep)
 
     def assign_owner(
         self, thread_ids: Sequence[str], user: str, force: bool

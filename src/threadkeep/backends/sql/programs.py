@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import base64
 import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import Any, Final, Protocol
 
 import orjson
@@ -943,8 +943,14 @@ def delete_thread(q: SqlDialect, thread_id: str, owner: str | None) -> Program[b
     return True
 
 
-def delete_for_runs(q: SqlDialect, run_ids: Sequence[str], owner: str | None) -> Program[int]:
-    """Delete the checkpoints (and their writes) the given runs stored; returns how many.
+def delete_for_runs(
+    q: SqlDialect,
+    run_ids: Sequence[str],
+    owner: str | None,
+    spare: Mapping[str, Collection[tuple[str, str]]] | None = None,
+) -> Program[int]:
+    """Delete the checkpoints (and their writes) the given runs stored, but the (namespace,
+    checkpoint id) ``spare`` names per thread; returns how many.
 
     The threads concerned are locked first and the runs' checkpoints read again: a put in
     flight on one of them may reuse a value only those checkpoints refer to, and the values
@@ -963,6 +969,8 @@ def delete_for_runs(q: SqlDialect, run_ids: Sequence[str], owner: str | None) ->
     yield _lock_threads(q, locked)
     rows = [row for row in (yield Sql(q.SELECT_RUN_CHECKPOINTS, query)) if int(row[0]) in locked]
     _check_run_owners(rows, owner)  # under the lock: no owner changes now
+    spare = spare or {}
+    rows = [row for row in rows if (row[1], row[2]) not in spare.get(row[3], ())]
     statements: list[Sql | SqlMany] = []
     touched: set[tuple[int, str]] = set()
     for tid, ns, checkpoint_id, _, _ in rows:
@@ -983,8 +991,15 @@ def _check_run_owners(rows: Sequence[Any], owner: str | None) -> None:
         _check(thread_id, thread_owner, owner, "delete runs on")
 
 
-def prune(q: SqlDialect, thread_ids: Iterable[str], strategy: str, owner: str | None) -> Program[None]:
-    """LangGraph's ``prune``: ``keep_latest`` per namespace, or ``delete`` every checkpoint.
+def prune(
+    q: SqlDialect,
+    thread_ids: Iterable[str],
+    strategy: str,
+    owner: str | None,
+    keep: Mapping[str, Mapping[str, int]] | None = None,
+) -> Program[None]:
+    """LangGraph's ``prune``: ``keep_latest`` per namespace (the newest ``keep[thread][ns]``
+    checkpoints, 1 unless named), or ``delete`` every checkpoint.
 
     Raises:
         StorageForbiddenError: one of the threads belongs to another user than ``owner``;
@@ -998,9 +1013,12 @@ def prune(q: SqlDialect, thread_ids: Iterable[str], strategy: str, owner: str | 
         if doomed:
             yield from delete_threads(q, doomed)
         return
-    for tid in tids.values():  # locked: after any put in flight, as delete_for_runs
+    for thread_id, tid in tids.items():  # locked: after any put in flight, as delete_for_runs
         namespaces = yield Sql(q.SELECT_NAMESPACES, {"tid": tid})
-        statements = [statement for (ns,) in namespaces for statement in _keep_newest(q, tid, ns, 1)]
+        counts = (keep or {}).get(thread_id, {})
+        statements = [
+            statement for (ns,) in namespaces for statement in _keep_newest(q, tid, ns, counts.get(ns, 1))
+        ]
         if statements:
             yield Batch(tuple(statements))
 

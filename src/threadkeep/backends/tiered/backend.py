@@ -29,7 +29,7 @@ import dataclasses
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from functools import partial
 from typing import Any
 
@@ -266,9 +266,14 @@ class TieredBackend:
         yield from self._forget(thread_id, user, removed=True)
         return bool(deleted)
 
-    def delete_for_runs(self, run_ids: Sequence[str], owner: str | None) -> Program[int]:
+    def delete_for_runs(
+        self,
+        run_ids: Sequence[str],
+        owner: str | None,
+        spare: Mapping[str, Collection[tuple[str, str]]] | None = None,
+    ) -> Program[int]:
         threads = yield Durable(lambda: self.durable.run_threads(run_ids, owner))
-        removed = yield Durable(lambda: self.durable.delete_for_runs(run_ids, owner), write=True)
+        removed = yield Durable(lambda: self.durable.delete_for_runs(run_ids, owner, spare), write=True)
         for thread_id, thread_owner in threads:
             yield from self._forget(thread_id, thread_owner if self.isolate else _SHARED, removed=True)
         return int(removed)
@@ -278,12 +283,18 @@ class TieredBackend:
         yield from self._forget(target, (yield from self._entry_user(target, actor)), removed=True)
         return bool(copied)
 
-    def prune(self, thread_ids: Iterable[str], strategy: str, owner: str | None) -> Program[None]:
+    def prune(
+        self,
+        thread_ids: Iterable[str],
+        strategy: str,
+        owner: str | None,
+        keep: Mapping[str, Mapping[str, int]] | None = None,
+    ) -> Program[None]:
         ids = list(thread_ids)
         users = []
         for thread_id in ids:
             users.append((yield from self._entry_user(thread_id, Actor(owner or "", owner))))
-        yield Durable(lambda: self.durable.prune(ids, strategy, owner), write=True)
+        yield Durable(lambda: self.durable.prune(ids, strategy, owner, keep), write=True)
         for thread_id, user in zip(ids, users, strict=True):
             yield from self._forget(thread_id, user, removed=True)
 
