@@ -25,6 +25,7 @@ Options: ``dsn``, ``cache_url``, ``cache_prefix``, ``thread``, ``marker``, ``go`
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -42,6 +43,13 @@ STALE_EXIT = 3
 
 class Log(TypedDict):
     log: Annotated[list[str], lambda left, right: left + right]
+
+
+def _mark(path: str, text: str) -> None:
+    """Write ``text`` to ``path`` whole: a test that sees the file (and may kill this
+    process at once) reads all of it."""
+    Path(path + ".part").write_text(text)
+    os.replace(path + ".part", path)
 
 
 def _wait_for(path: str, timeout: float = 60) -> None:
@@ -119,7 +127,7 @@ def stop_after_commit(saver: Any, options: dict[str, Any]) -> None:
 
     def stopping(request: Any) -> Any:
         if isinstance(request, Cached) and request.what == "write a state":
-            Path(options["marker"]).write_text(json.dumps(time.time()))
+            _mark(options["marker"], json.dumps(time.time()))
             while True:
                 time.sleep(60)
         return execute(request)
@@ -161,7 +169,7 @@ def main(job: str, options: dict[str, Any]) -> int:
             Path(options["marker"]).write_text("turn 0")
             _wait_for(options["go"])
             graph.invoke(turn_input(1), config, durability="sync")
-            Path(options["done"]).write_text(json.dumps(time.time()))
+            _mark(options["done"], json.dumps(time.time()))
             return 0
         if job == "poll":
             print(json.dumps(poll(saver, options, config)))
