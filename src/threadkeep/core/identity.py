@@ -8,7 +8,10 @@ A thread belongs to the user who first wrote it. A call acts for, in order:
    has) or that dict's ``"identity"``;
 2. else ``config["configurable"]["user_id"]``;
 3. else the user of the enclosing :func:`user_scope`;
-4. else ``"anonymous"`` (:data:`ANONYMOUS`).
+4. else, outside any scope, the ambient scope while an :func:`ambient_scope` source is open:
+   in LangGraph's server (:mod:`threadkeep.langgraph`), the user of the request or run the
+   server is serving, or the operator for the server's own work outside any request;
+5. else ``"anonymous"`` (:data:`ANONYMOUS`).
 
 An empty id (``""`` or ``None``: LangGraph's server sends ``user_id: ""`` without auth, and an
 unauthenticated user's identity is ``""``) is no id: the next source decides. The server's
@@ -16,26 +19,30 @@ identity comes first because the server sets it from the authenticated request, 
 ``user_id`` is whatever the client put in the run's config.
 
 Calls LangGraph makes without a config (``delete_thread``, ``copy_thread``, ``prune``,
-``delete_for_runs``) act for the scope's user. :func:`operator_scope` acts for no user in
-particular: it sees and deletes every thread, which is what the sweep and the operator CLI
+``delete_for_runs``) act for the scope's user (or the ambient scope's). :func:`operator_scope`
+acts for no user in particular: it sees and deletes every thread, which is what the sweep and the operator CLI
 need. docs/isolation.md tells the whole model.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, TypeAlias
 
 from threadkeep.core.ids import checked_id
 
 __all__ = [
     "ANONYMOUS",
     "AUTH_USER_KEY",
+    "OPERATOR",
     "Actor",
+    "Ambient",
     "actor_for",
+    "ambient_scope",
+    "auth_identity",
     "operator_scope",
     "user_scope",
 ]
@@ -51,7 +58,15 @@ class _Operator:
 
 
 _OPERATOR: Final = _Operator()
+# What an ambient_scope source returns to act as the operator.
+OPERATOR: Final = _OPERATOR
+# An ambient scope: a user id ("": a request with no user, the anonymous owner), the
+# operator, or None (the source knows of no scope).
+Ambient: TypeAlias = "str | _Operator | None"
 _scope: ContextVar[str | _Operator | None] = ContextVar("threadkeep_user_scope", default=None)
+# Process-wide, not a ContextVar: the source is opened once (the server's start) and read in
+# every request's own context.
+_ambient_sources: list[Callable[[], Ambient]] = []
 
 
 @contextmanager
@@ -74,6 +89,20 @@ def operator_scope() -> Iterator[None]:
         _scope.reset(token)
 
 
+@contextmanager
+def ambient_scope(source: Callable[[], Ambient]) -> Iterator[None]:
+    """While open, a call that names no user and runs in no :func:`user_scope` or
+    :func:`operator_scope` acts in the scope ``source()`` returns: a user id (``""``: no user),
+    :data:`OPERATOR`, or ``None`` for none. Process-wide: for a process that serves many
+    users, such as LangGraph's server, where ``source`` reads the current request's context.
+    """
+    _ambient_sources.append(source)
+    try:
+        yield
+    finally:
+        _ambient_sources.remove(source)
+
+
 @dataclass(frozen=True, slots=True)
 class Actor:
     """The user a call acts for.
@@ -94,13 +123,15 @@ class Actor:
 
 
 def actor_for(configurable: Mapping[str, Any] | None, *, isolate: bool) -> Actor:
-    """Resolve the acting user from a call's ``configurable`` and the current scope (see the
-    module for the order).
+    """Resolve the acting user from a call's ``configurable``, the current scope and the
+    ambient user (see the module for the order).
 
     Raises:
         InvalidInputError: the user id is not a valid id (:mod:`threadkeep.core.ids`).
     """
     scope = _scope.get()
+    if scope is None:
+        scope = _ambient()
     explicit = _named_user(configurable or {})
     if explicit is not None:
         user_id = explicit
@@ -113,18 +144,40 @@ def actor_for(configurable: Mapping[str, Any] | None, *, isolate: bool) -> Actor
     return Actor(user_id, user_id)
 
 
+def _ambient() -> Ambient:
+    """The scope of the newest open :func:`ambient_scope` source that knows one."""
+    for source in reversed(_ambient_sources):
+        scope = source()
+        if scope is not None:
+            return scope
+    return None
+
+
 def _named_user(configurable: Mapping[str, Any]) -> str | None:
     """The user ``configurable`` names (the server's identity, else ``user_id``), checked;
     ``None`` when it names none."""
-    auth_user = configurable.get(AUTH_USER_KEY)
-    if auth_user is not None:
-        identity = _identity_of(auth_user)
-        if identity:
-            return checked_id(identity, f"{AUTH_USER_KEY}.identity")
+    identity = auth_identity(configurable.get(AUTH_USER_KEY))
+    if identity is not None:
+        return identity
     user_id = configurable.get("user_id")
     if user_id is None or user_id == "":
         return None
     return checked_id(str(user_id), "user_id")
+
+
+def auth_identity(user: object) -> str | None:
+    """The id of LangGraph's auth user ``user`` (its ``identity``), checked; ``None`` for no
+    user, or one whose identity is empty (unauthenticated).
+
+    Raises:
+        InvalidInputError: the identity is not a valid id.
+    """
+    if user is None:
+        return None
+    identity = _identity_of(user)
+    if not identity:
+        return None
+    return checked_id(identity, f"{AUTH_USER_KEY}.identity")
 
 
 def _identity_of(user: object) -> object:
