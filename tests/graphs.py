@@ -15,6 +15,11 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.types import Send, interrupt
 
 
+def cfg(thread_id: str, **extra: Any) -> Any:
+    """A call's config: ``thread_id`` and any other ``configurable`` keys."""
+    return {"configurable": {"thread_id": thread_id, **extra}}
+
+
 @dataclass
 class Driver:
     """Calls a compiled graph through its sync or its async API (on one event loop)."""

@@ -10,10 +10,8 @@ LangGraph's ``InMemorySaver`` running the same graph.
 from __future__ import annotations
 
 import collections
-from collections.abc import Iterator
 from typing import Annotated, Any, NamedTuple, TypedDict
 
-import pytest
 from langchain_core.messages import AIMessage, AnyMessage, HumanMessage, ToolMessage
 from langchain_core.tools import tool
 from langgraph.checkpoint.base import BaseCheckpointSaver
@@ -23,23 +21,7 @@ from langgraph.graph.message import add_messages
 from langgraph.prebuilt import ToolNode
 from langgraph.types import Command, interrupt
 
-from tests.graphs import Driver
-
-
-@pytest.fixture(params=["sync", "async"])
-def driver(request: pytest.FixtureRequest) -> Iterator[Driver]:
-    driver = Driver(request.param)
-    yield driver
-    driver.close()
-
-
-@pytest.fixture(params=["sync", "async", "exit"])
-def durability(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
-
-
-def cfg(thread_id: str) -> dict[str, Any]:
-    return {"configurable": {"thread_id": thread_id}}
+from tests.graphs import Driver, cfg
 
 
 class Chat(TypedDict):

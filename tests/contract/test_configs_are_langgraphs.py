@@ -10,29 +10,16 @@ from __future__ import annotations
 
 import asyncio
 import operator
-from collections.abc import Iterator
 from typing import Annotated, Any, TypedDict
 
 import pytest
-from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import END, START, StateGraph
 from langgraph.types import Command, interrupt
 
-from tests.graphs import Driver
+from tests.graphs import Driver, cfg
 
 STREAM_MODES = ["debug", "checkpoints", "values", "updates"]
-
-
-@pytest.fixture(params=["sync", "async"])
-def driver(request: pytest.FixtureRequest) -> Iterator[Driver]:
-    driver = Driver(request.param)
-    yield driver
-    driver.close()
-
-
-def cfg(thread_id: str) -> RunnableConfig:
-    return {"configurable": {"thread_id": thread_id}}
 
 
 class Request(TypedDict, total=False):

@@ -13,7 +13,7 @@ import asyncio
 import operator
 import secrets
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Annotated, Any, TypedDict
 
 import pytest
@@ -23,7 +23,7 @@ from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import END, START, StateGraph
 from langgraph.types import Command, Send, interrupt
 
-from tests.graphs import Driver
+from tests.graphs import Driver, cfg
 from tests.providers import Opener
 from threadkeep import StorageForbiddenError, user_scope
 
@@ -113,22 +113,6 @@ def nested_graph(checkpointer: Any) -> Any:
     outer.add_edge("research", "publish")
     outer.add_edge("publish", END)
     return outer.compile(checkpointer=checkpointer)
-
-
-@pytest.fixture(params=["sync", "async"])
-def driver(request: pytest.FixtureRequest) -> Iterator[Driver]:
-    driver = Driver(request.param)
-    yield driver
-    driver.close()
-
-
-@pytest.fixture(params=["sync", "async", "exit"])
-def durability(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
-
-
-def cfg(thread_id: str) -> dict[str, Any]:
-    return {"configurable": {"thread_id": thread_id}}
 
 
 def seen(driver: Driver, graph: Any, config: Any) -> dict[str, Any]:

@@ -2,29 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
-import pytest
 from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 from langgraph.types import Command
 
-from tests.graphs import Driver, approval_graph, fanout_graph, subgraph_graph
+from tests.graphs import Driver, approval_graph, cfg, fanout_graph, subgraph_graph
 from threadkeep.workload import MESSAGES_PER_TURN, TOOL_ROUND_TRIPS, build_agent, turn_input
 
 # the input checkpoint, the input step, then one per node run (agent, tools, ..., agent)
 CHECKPOINTS_PER_TURN = 2 + 2 * TOOL_ROUND_TRIPS + 1
-
-
-@pytest.fixture(params=["sync", "async"])
-def driver(request: pytest.FixtureRequest) -> Iterator[Driver]:
-    driver = Driver(request.param)
-    yield driver
-    driver.close()
-
-
-def cfg(thread_id: str, **extra: Any) -> dict[str, Any]:
-    return {"configurable": {"thread_id": thread_id, **extra}}
 
 
 def test_p3_tool_calling_agent_over_many_turns(driver: Driver, saver: Any) -> None:

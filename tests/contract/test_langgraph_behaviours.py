@@ -36,23 +36,10 @@ from langgraph.graph.message import REMOVE_ALL_MESSAGES, add_messages
 from langgraph.prebuilt import ToolNode
 from langgraph.types import CachePolicy, Command, Overwrite, RetryPolicy, Send, StateUpdate, interrupt
 
+from tests.graphs import cfg
 from tests.providers import Opener
 from tests.reference import Recorder, compare_with_langgraph
 from threadkeep import user_scope
-
-
-@pytest.fixture(params=["sync", "async"])
-def api(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
-
-
-@pytest.fixture(params=["sync", "async", "exit"])
-def durability(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
-
-
-def cfg(thread_id: str, **extra: Any) -> RunnableConfig:
-    return {"configurable": {"thread_id": thread_id, **extra}}
 
 
 class Doc(TypedDict, total=False):

@@ -9,7 +9,6 @@ with LangGraph's ``InMemorySaver`` running the same graph.
 from __future__ import annotations
 
 import operator
-from collections.abc import Iterator
 from typing import Annotated, Any, TypedDict
 
 import pytest
@@ -17,24 +16,8 @@ from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import END, START, StateGraph
 
-from tests.graphs import Driver
+from tests.graphs import Driver, cfg
 from threadkeep import CheckpointedException
-
-
-@pytest.fixture(params=["sync", "async"])
-def driver(request: pytest.FixtureRequest) -> Iterator[Driver]:
-    driver = Driver(request.param)
-    yield driver
-    driver.close()
-
-
-@pytest.fixture(params=["sync", "async", "exit"])
-def durability(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
-
-
-def cfg(thread_id: str) -> dict[str, Any]:
-    return {"configurable": {"thread_id": thread_id}}
 
 
 class Job(TypedDict):

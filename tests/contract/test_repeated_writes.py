@@ -14,27 +14,13 @@ from __future__ import annotations
 import operator
 from typing import Annotated, Any, TypedDict
 
-import pytest
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import empty_checkpoint
 from langgraph.graph import END, START, StateGraph
 from langgraph.types import Command, interrupt
 
+from tests.graphs import cfg
 from tests.reference import NULL_TASK_ID, Recorder, compare_with_langgraph
-
-
-@pytest.fixture(params=["sync", "async"])
-def api(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
-
-
-@pytest.fixture(params=["sync", "async", "exit"])
-def durability(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
-
-
-def cfg(thread_id: str) -> RunnableConfig:
-    return {"configurable": {"thread_id": thread_id}}
 
 
 class Form(TypedDict, total=False):

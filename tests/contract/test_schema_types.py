@@ -16,7 +16,6 @@ read back are the values the graph wrote.
 import dataclasses
 import enum
 import pathlib
-from collections.abc import Iterator
 from typing import Any, Generic, TypedDict, TypeVar
 
 import pytest
@@ -26,26 +25,10 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.types import Command, interrupt
 from pydantic import BaseModel
 
-from tests.graphs import Driver
+from tests.graphs import Driver, cfg
 from threadkeep import CheckpointSerializationError
 
 T = TypeVar("T")
-
-
-@pytest.fixture(params=["sync", "async"])
-def driver(request: pytest.FixtureRequest) -> Iterator[Driver]:
-    driver = Driver(request.param)
-    yield driver
-    driver.close()
-
-
-@pytest.fixture(params=["sync", "async", "exit"])
-def durability(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
-
-
-def cfg(thread_id: str) -> dict[str, Any]:
-    return {"configurable": {"thread_id": thread_id}}
 
 
 def review_graph(checkpointer: BaseCheckpointSaver[Any], state_schema: type[Any], **schemas: Any) -> Any:

@@ -14,27 +14,16 @@ from __future__ import annotations
 import asyncio
 import operator
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Annotated, Any, TypedDict
 
 import pytest
-from langchain_core.runnables import RunnableConfig, RunnableLambda
+from langchain_core.runnables import RunnableLambda
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import END, START, StateGraph
 
-from tests.graphs import Driver
+from tests.graphs import Driver, cfg
 from threadkeep import StaleStateError
-
-
-@pytest.fixture(params=["sync", "async"])
-def driver(request: pytest.FixtureRequest) -> Iterator[Driver]:
-    driver = Driver(request.param)
-    yield driver
-    driver.close()
-
-
-def cfg(thread_id: str) -> RunnableConfig:
-    return {"configurable": {"thread_id": thread_id}}
 
 
 class Topic(TypedDict):
