@@ -12,6 +12,7 @@ from typing import Any
 import psycopg
 import pytest
 import redis
+from langgraph.checkpoint.base import empty_checkpoint
 from langgraph.graph import END, START, StateGraph
 from typing_extensions import TypedDict
 
@@ -22,6 +23,8 @@ from threadkeep.backends.tiered.cache import NO_VERSION, REMOVED_HOLD_MS
 from threadkeep.core.rules import required_head
 from threadkeep.metrics import CACHE_EVENTS, Metrics
 from threadkeep.workload import MESSAGES_PER_TURN, build_agent, turn_input
+
+INTERRUPT = "__interrupt__"  # LangGraph's channel of an interrupt write
 
 pytestmark = pytest.mark.providers("tiered")
 
@@ -440,6 +443,44 @@ def test_t7_a_load_past_its_lease_is_confirmed_by_one_postgres_lookup_and_renewe
         assert tiered.events("stale") == 0
         assert loaded.checkpoint["id"] == tiered.durable_ids("t7-lease")[-1]
         assert len(loaded.checkpoint["channel_values"]["messages"]) == MESSAGES_PER_TURN
+    finally:
+        tiered.close()
+
+
+def test_t4_a_special_write_replaced_behind_the_cache_is_not_served_past_the_lease(provider: Any) -> None:
+    """A special write (an interrupt, a resume, an error) keeps its key when it is written
+    again: the lease's check compares the writes themselves, not their number."""
+    tiered = Tiered(cache_lease=0.05)
+    plain = open_checkpointer("postgres", tiered.dsn)  # a writer whose cache write was lost
+    try:
+        config = cfg("t4-replaced")
+        saved = tiered.saver.put(config, empty_checkpoint(), {"source": "loop", "step": 0}, {})
+        tiered.saver.put_writes(saved, [(INTERRUPT, "first")], "task-1")
+        assert tiered.saver.get_tuple(config).pending_writes == [("task-1", INTERRUPT, "first")]
+        plain.put_writes(saved, [(INTERRUPT, "second")], "task-1")  # committed; the cache not told
+        time.sleep(0.1)  # past the lease
+        assert tiered.saver.get_tuple(config).pending_writes == [("task-1", INTERRUPT, "second")]
+        assert tiered.events("stale") == 1
+    finally:
+        plain.close()
+        tiered.close()
+
+
+def test_t4_a_state_with_pending_writes_past_its_lease_is_confirmed_not_reloaded(provider: Any) -> None:
+    """The cache's writes and Postgres's digest alike: a lease past its end is renewed."""
+    tiered = Tiered(cache_lease=0.05)
+    try:
+        config = cfg("t4-pending")
+        saved = tiered.saver.put(config, empty_checkpoint(), {"source": "loop", "step": 0}, {})
+        tiered.saver.put_writes(saved, [(INTERRUPT, "ask"), ("log", {"n": 1})], "task-1")
+        tiered.saver.put_writes(saved, [("log", b"\x00bytes")], "task-2")
+        time.sleep(0.1)
+        found = tiered.saver.get_tuple(config)
+        assert sorted(found.pending_writes, key=repr) == sorted(
+            [("task-1", INTERRUPT, "ask"), ("task-1", "log", {"n": 1}), ("task-2", "log", b"\x00bytes")],
+            key=repr,
+        )
+        assert (tiered.events("confirmed"), tiered.events("stale")) == (1, 0)
     finally:
         tiered.close()
 

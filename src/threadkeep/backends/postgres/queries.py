@@ -147,7 +147,10 @@ THREAD_OWNER = "SELECT owner FROM tk_threads WHERE thread_id = %(thread_id)s"
 # probes: the newest key of the namespace, then its writes' keys.
 NEWEST_VERSION = """
 SELECT c.checkpoint_id,
-       (SELECT count(*) FROM tk_writes AS w
+       (SELECT coalesce(md5(string_agg(
+                   w.task_id || chr(31) || w.idx::text || chr(31) || w.type || chr(31) || md5(w.value),
+                   chr(30) ORDER BY w.task_id COLLATE "C", w.idx)), '')
+        FROM tk_writes AS w
         WHERE w.tid = c.tid AND w.checkpoint_ns = c.checkpoint_ns AND w.checkpoint_id = c.checkpoint_id)
 FROM tk_threads AS t JOIN tk_checkpoints AS c ON c.tid = t.tid
 WHERE t.thread_id = %(thread_id)s AND (%(owner)s::text IS NULL OR t.owner = %(owner)s::text)

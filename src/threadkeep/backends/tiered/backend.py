@@ -26,6 +26,7 @@ it is the same for everyone.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import threading
 import time
 from collections import OrderedDict
@@ -94,16 +95,31 @@ def _wall_ms() -> int:
     return int(time.time() * 1000)
 
 
-def _newest_version(target: Target) -> Program[tuple[str, int] | None]:
-    """Postgres's newest checkpoint id of ``target``'s namespace and its number of pending
-    writes, for the reader ``target`` names; ``None``: none."""
+def writes_digest(writes: Iterable[tuple[str, str, int, str, str, bytes]]) -> str:
+    """The digest ``NEWEST_VERSION`` computes over a checkpoint's pending writes (task id,
+    index, type and value of each, in key order; ``""`` for none): equal only if the writes
+    are. A count would miss a special write (an interrupt, a resume, an error) replaced in
+    place, which keeps its key."""
+    rows = sorted((task_id, idx, kind, value) for _, task_id, idx, _, kind, value in writes)
+    if not rows:
+        return ""
+    text = "\x1e".join(
+        "\x1f".join((task_id, str(idx), kind, hashlib.md5(value).hexdigest()))
+        for task_id, idx, kind, value in rows
+    )
+    return hashlib.md5(text.encode()).hexdigest()
+
+
+def _newest_version(target: Target) -> Program[tuple[str, str] | None]:
+    """Postgres's newest checkpoint id of ``target``'s namespace and the digest of its
+    pending writes (:func:`writes_digest`), for the reader ``target`` names; ``None``: none."""
     params = {
         "thread_id": target.thread_id,
         "owner": target.actor.owner_filter,
         "checkpoint_ns": target.checkpoint_ns,
     }
     rows = yield Sql(queries.NEWEST_VERSION, params)
-    return (str(rows[0][0]), int(rows[0][1])) if rows else None
+    return (str(rows[0][0]), str(rows[0][1])) if rows else None
 
 
 class TieredBackend:
@@ -241,10 +257,10 @@ class TieredBackend:
         self, target: Target, user: str, cached: StoredCheckpoint, read_at: int | None
     ) -> Program[bool]:
         """Whether ``cached``, an entry's state past its lease, is still Postgres's newest
-        state of the namespace (the same checkpoint, with as many pending writes); if so, its
+        state of the namespace (the same checkpoint, with the same pending writes); if so, its
         lease is renewed from ``read_at``, the Redis time of the read (before the check)."""
         newest = yield Durable(lambda: _newest_version(target))
-        if newest != (cached.checkpoint_id, len(cached.writes)):
+        if newest != (cached.checkpoint_id, writes_digest(cached.writes)):
             return False
         if read_at is not None:
             renew = partial(self.cache.renew, target, user, cached.checkpoint_id, read_at)
