@@ -16,7 +16,7 @@ always with ``raise ... from exc`` so the original stays on ``__cause__``::
     └── StorageError                     STORAGE_000     unavailable
         ├── StaleStateError              STORAGE_CONFLICT_001  conflict
         ├── StorageForbiddenError        STORAGE_FORBIDDEN_001 forbidden (another user's thread)
-        ├── CheckpointDeleteError        STORAGE_DELETE_001    unavailable
+        ├── CheckpointDeleteError        STORAGE_DELETE_001    unavailable  (no longer raised)
         └── StorageRefusedError          STORAGE_REFUSED_001   unavailable  (the server refused: not retried)
                                          STORAGE_AUTH_001        login refused
                                          STORAGE_DATABASE_001    no such database
@@ -236,7 +236,12 @@ class StorageForbiddenError(StorageError):
 
 
 class CheckpointDeleteError(StorageError):
-    """Deleting a thread made no progress against a writer that keeps adding to it."""
+    """Deleting a thread made no progress against a writer that keeps adding to it.
+
+    No store raises it any more: every store deletes a thread whole, in one transaction or
+    script, and what is written after belongs to a new thread, which stays. Kept so that
+    code catching it still imports.
+    """
 
     default_code = "STORAGE_DELETE_001"
 

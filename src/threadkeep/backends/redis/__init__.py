@@ -1,7 +1,7 @@
 """The Redis provider: plain Redis 6.2+ (or Valkey), no modules, single server or Cluster.
 
 Each step is one Lua script over the nine keys of one thread, which share a hash tag; every
-key a write stores carries the thread's waiting retention as its TTL (SPEC R1-R3). Importing
+key a write stores carries the thread's waiting retention as its TTL (SPEC R1, R2). Importing
 it imports redis-py (``pip install 'threadkeep[redis]'``): the provider table imports it when
 the redis provider is first chosen.
 """

@@ -33,7 +33,6 @@ from threadkeep.core.records import (
 from threadkeep.core.retention import ExpiredThread, Park, SweepPage, ThreadRetention
 from threadkeep.core.rules import check_handover, check_owner, required_head, required_owner
 from threadkeep.errors import (
-    CheckpointDeleteError,
     CheckpointSerializationError,
     CheckpointStoreFormatError,
     StaleStateError,
@@ -476,48 +475,27 @@ def _thread_ids(space: KeySpace, keys: Iterable[bytes]) -> Program[list[str]]:
 # nothing; only an owner change between that check and a thread's script (assign_owner)
 # refuses midway, after the threads before it.
 
-# SPEC R3: a delete repeats until the thread is empty, and fails once a round (counting from
-# the second) leaves it holding no fewer checkpoints and writes than the round before.
-_MAX_DELETE_ROUNDS = 100
 # delete.lua's answer for another user's thread; prune.lua's and delete_runs.lua's.
 _NOT_YOURS = -2
 _REFUSED = -1
 
 
 def delete_thread(space: KeySpace, thread_id: str, owner: str | None) -> Program[bool]:
-    """Delete everything a thread holds, against a writer that keeps adding to it (R3).
+    """Delete everything a thread holds, in one script (``delete.lua`` deletes its keys at
+    once), and its finished mark. What a writer stores after that belongs to a run that
+    started after the delete: a new thread, which stays (its puts were acknowledged).
 
     Raises:
         StorageForbiddenError: the thread belongs to another user than ``owner``.
     """
-    keys = space.thread(thread_id)
-    before: int | None = None
-    for round_number in range(1, _MAX_DELETE_ROUNDS + 1):
-        deleted = yield Script("delete", keys, [owner or "", ""])
-        if deleted == _NOT_YOURS:
-            if round_number == 1:
-                raise StorageForbiddenError(thread_id, owner or "", action="delete")
-            return True  # ours is gone; another user started a thread of that id since
-        if round_number == 1 and not deleted:
-            if owner is None:  # an operator: a mark whose keys expired goes too
-                yield Command(("ZREM", space.finished_key, thread_id))
-            return False
-        checkpoints, writes = yield Script("count", keys, [])
-        left = int(checkpoints) + int(writes)
-        if left == 0:
-            yield Command(("ZREM", space.finished_key, thread_id))  # its finished mark (SW5)
-            return True
-        if before is not None and left >= before:
-            raise CheckpointDeleteError(
-                f"thread {thread_id!r} still holds {checkpoints} checkpoints and {writes} writes after "
-                f"{round_number} delete rounds: something keeps writing to it; stop it and delete again",
-                context={"thread_id": thread_id, "checkpoints": int(checkpoints), "writes": int(writes)},
-            )
-        before = left
-    raise CheckpointDeleteError(
-        f"thread {thread_id!r} was not empty after {_MAX_DELETE_ROUNDS} delete rounds",
-        context={"thread_id": thread_id},
-    )
+    deleted = yield Script("delete", space.thread(thread_id), [owner or "", ""])
+    if deleted == _NOT_YOURS:
+        raise StorageForbiddenError(thread_id, owner or "", action="delete")
+    if not deleted and owner is not None:
+        return False
+    yield Command(("ZREM", space.finished_key, thread_id))  # its finished mark (SW5); an
+    # operator's delete also drops a mark whose keys expired
+    return bool(deleted)
 
 
 def delete_for_runs(
@@ -809,8 +787,8 @@ def count_expired(space: KeySpace, page: SweepPage) -> Program[int]:
 def delete_threads(
     space: KeySpace, threads: Sequence[ExpiredThread], page: SweepPage | None = None
 ) -> Program[list[str]]:
-    """One delete round of each thread, and its finished mark (the sweep drives the rounds);
-    with a sweep's ``page``, only threads still past due and not parked, as ``delete.lua``
+    """Delete each thread (one script) and its finished mark; with a sweep's ``page``, only
+    threads still past due and not parked, as ``delete.lua``
     checks in the script that deletes."""
     deleted = []
     for thread in threads:
