@@ -43,10 +43,15 @@ def test_calls_naming_no_user_act_in_the_ambient_scope(saver: Any) -> None:
             "c": ANONYMOUS,
             "d": ANONYMOUS,
         }
-        # A config's user, or an enclosing scope, comes before the ambient scope.
+        # The user the server authenticated wins over a user_id the client put in a config
+        # (LangGraph's server merges request fields into configurable) ...
         current[0] = "bob"
-        assert saver.get_tuple(cfg("a", user_id="alice")) is not None
+        assert saver.get_tuple(cfg("a", user_id="alice")) is None
+        with pytest.raises(StorageForbiddenError):
+            start(saver, "a", user_id="alice")
+        # ... and an enclosing scope (code of the application's own) comes before it.
         with user_scope("alice"):
+            assert saver.get_tuple(cfg("a")) is not None
             saver.delete_for_runs([])
             saver.delete_thread("a")
         assert owners(saver, "a") == {}

@@ -6,12 +6,15 @@ A thread belongs to the user who first wrote it. A call acts for, in order:
    when its custom auth is on: the object the server builds from what the auth handler
    returned (anything with an ``identity`` attribute, as ``langgraph_sdk.auth.types.BaseUser``
    has) or that dict's ``"identity"``;
-2. else ``config["configurable"]["user_id"]``;
-3. else the user of the enclosing :func:`user_scope`;
-4. else, outside any scope, the ambient scope while an :func:`ambient_scope` source is open:
-   in LangGraph's server (:mod:`threadkeep.langgraph`), the user of the request or run the
-   server is serving, or the operator for the server's own work outside any request;
-5. else ``"anonymous"`` (:data:`ANONYMOUS`).
+2. else, outside any :func:`user_scope`, the user the ambient scope names while an
+   :func:`ambient_scope` source is open: in LangGraph's server (:mod:`threadkeep.langgraph`),
+   the user of the request or run the server is serving. It comes before ``user_id``: the
+   server merges fields of a client's request into the config, and a client must not act as
+   another user by naming one;
+3. else ``config["configurable"]["user_id"]``;
+4. else the user of the enclosing :func:`user_scope`;
+5. else, outside any scope, the ambient scope's operator (the server's own work outside any
+   request), or ``"anonymous"`` (:data:`ANONYMOUS`).
 
 An empty id (``""`` or ``None``: LangGraph's server sends ``user_id: ""`` without auth, and an
 unauthenticated user's identity is ``""``) is no id: the next source decides. The server's
@@ -130,9 +133,12 @@ def actor_for(configurable: Mapping[str, Any] | None, *, isolate: bool) -> Actor
         InvalidInputError: the user id is not a valid id (:mod:`threadkeep.core.ids`).
     """
     scope = _scope.get()
+    server_user = None
     if scope is None:
         scope = _ambient()
-    explicit = _named_user(configurable or {})
+        if isinstance(scope, str) and scope:
+            server_user = scope  # authenticated by the server: a client-named user_id does not override it
+    explicit = _named_user(configurable or {}, server_user)
     if explicit is not None:
         user_id = explicit
     elif isinstance(scope, str) and scope:
@@ -153,12 +159,15 @@ def _ambient() -> Ambient:
     return None
 
 
-def _named_user(configurable: Mapping[str, Any]) -> str | None:
-    """The user ``configurable`` names (the server's identity, else ``user_id``), checked;
-    ``None`` when it names none."""
+def _named_user(configurable: Mapping[str, Any], server_user: str | None = None) -> str | None:
+    """The user ``configurable`` names (the server's identity; else the user the ambient
+    server scope authenticated, ``server_user``; else ``user_id``), checked; ``None`` when
+    it names none."""
     identity = auth_identity(configurable.get(AUTH_USER_KEY))
     if identity is not None:
         return identity
+    if server_user is not None:
+        return checked_id(server_user, "user_id")
     user_id = configurable.get("user_id")
     if user_id is None or user_id == "":
         return None
