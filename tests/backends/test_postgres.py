@@ -1518,3 +1518,47 @@ async def test_a_cold_read_of_one_list_in_two_channels_gives_each_its_own_messag
     values = found.checkpoint["channel_values"]
     assert values == {"a": messages, "b": messages}
     assert not {id(message) for message in values["a"]} & {id(message) for message in values["b"]}
+
+
+@pytest.mark.parametrize("api", ["sync", "async"])
+def test_w2_a_refused_step_keeps_its_connection(
+    open_saver: Opener, api: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Racing runs refuse each other often: a conflict rolls its transaction back and keeps
+    the connection (it cost a new connection and a pool WARNING each), and every call after
+    it, prepared statements and shared round trips included, succeeds."""
+    from langgraph.checkpoint.base import create_checkpoint, empty_checkpoint
+
+    from threadkeep import StaleStateError
+
+    saver = open_saver()
+    config = {"configurable": {"thread_id": "racing", "checkpoint_ns": ""}}
+    root = empty_checkpoint()
+    first = saver.put(config, root, {"source": "input", "step": -1}, {})
+    saver.put(first, create_checkpoint(root, None, 0), {"source": "loop", "step": 0}, {})
+
+    async def conflicts() -> int:
+        refused = 0
+        for _ in range(20):
+            try:
+                if api == "sync":
+                    saver.put(first, create_checkpoint(root, None, 0), {"source": "loop", "step": 0}, {})
+                else:
+                    await saver.aput(
+                        first, create_checkpoint(root, None, 0), {"source": "loop", "step": 0}, {}
+                    )
+            except StaleStateError:
+                refused += 1
+        graph = build_agent(saver)
+        for turn in range(3):  # what comes after: reads, puts, writes, on the same connections
+            if api == "sync":
+                graph.invoke(turn_input(turn), {"configurable": {"thread_id": "after"}})
+            else:
+                await graph.ainvoke(turn_input(turn), {"configurable": {"thread_id": "after"}})
+        return refused
+
+    with caplog.at_level(logging.INFO):
+        assert asyncio.run(conflicts()) == 20
+    assert not [r for r in caplog.records if "discarding" in r.getMessage() or r.levelno >= logging.WARNING]
+    state = saver.get_tuple({"configurable": {"thread_id": "after"}})
+    assert len(state.checkpoint["channel_values"]["messages"]) == 3 * MESSAGES_PER_TURN

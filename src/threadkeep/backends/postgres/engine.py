@@ -47,7 +47,7 @@ from threadkeep.backends.postgres.deadline import checks_bounded, timed_classes
 from threadkeep.backends.postgres.queries import FLUSH_WAL
 from threadkeep.core.program import Batch, Program, ProgramFactory, Sql, SqlMany, drive, drive_async
 from threadkeep.core.retry import Refusal, RetryPolicy, Tries
-from threadkeep.errors import StorageError
+from threadkeep.errors import StorageError, ThreadkeepError
 
 __all__ = ["PlannedOnce", "PoolOptions", "PostgresEngine", "is_connection_error", "refusal"]
 
@@ -414,7 +414,13 @@ class PostgresEngine:
                     partial(_send_tracked, conn, prepare, in_flight),
                 )
             except BaseException as error:
-                if not _reusable(conn, error, in_flight):
+                if _refused_in_transaction(conn, error, in_flight):
+                    try:
+                        conn.rollback()
+                        wire.forget_prepared(conn)
+                    except Exception:
+                        conn.close()
+                elif not _reusable(conn, error, in_flight):
                     conn.close()
                 raise
 
@@ -451,7 +457,13 @@ class PostgresEngine:
                             program, partial(_send_async_tracked, conn, prepare, in_flight), request
                         )
                     except BaseException as error:
-                        if not _reusable(conn, error, in_flight):
+                        if _refused_in_transaction(conn, error, in_flight):
+                            try:
+                                await conn.rollback()
+                                wire.forget_prepared(conn)
+                            except Exception:
+                                await conn.close()
+                        elif not _reusable(conn, error, in_flight):
                             await conn.close()
                         raise
             except Exception as error:
@@ -810,7 +822,9 @@ def _reusable(
     only if the program failed by itself (no round trip of the try failed, nothing was
     cancelled) with no transaction open, so that nothing on the connection changed.
 
-    Any other is closed (the pool opens a new one), not rolled back: after a failed
+    A step the program refused inside its transaction is rolled back instead
+    (:func:`_refused_in_transaction`). Any other is closed (the pool opens a new one), not
+    rolled back: after a failed
     statement, a cancelled call or a timeout, its prepared statements are not known for
     sure. psycopg's pipeline, left by an error, keeps the names of the statements it was
     to prepare after it, whose Parse the server skipped (the next call running one fails:
@@ -823,6 +837,23 @@ def _reusable(
         and not in_flight.spoilt
         and not conn.closed
         and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    )
+
+
+def _refused_in_transaction(
+    conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any], error: BaseException, in_flight: _InFlight
+) -> bool:
+    """Whether the program refused a step by itself inside the transaction it opened (a
+    conflict, another user's thread: a :class:`~threadkeep.errors.ThreadkeepError`), every
+    statement of it answered and none failed: the transaction is rolled back and the
+    connection kept, its prepared statements forgotten (the rollback may have dropped them,
+    :func:`.wire.forget_prepared`). Racing runs refuse each other often; closing the
+    connection each time cost a new one per conflict."""
+    return (
+        isinstance(error, ThreadkeepError)
+        and not in_flight.spoilt
+        and not conn.closed
+        and conn.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS
     )
 
 

@@ -122,6 +122,16 @@ class Prepared:
 _PREPARED: weakref.WeakKeyDictionary[psycopg.AsyncConnection[Any], Prepared] = weakref.WeakKeyDictionary()
 
 
+def forget_prepared(conn: Any) -> None:
+    """Forget the statements ``conn`` prepared: after a ROLLBACK, psycopg may have sent
+    ``DEALLOCATE ALL`` (it does where it prepared statements of its own). The serial goes
+    on, so a name still held by the server is never prepared again."""
+    prepared = _PREPARED.get(conn)
+    if prepared is not None:
+        prepared.names.clear()
+        prepared.runs.clear()
+
+
 # What a round trip expects back, in order: a prepare's key; or a statement: None, or what
 # takes its rows as they arrive (``Sql.early``).
 _Early = Callable[[list[Any]], None]
