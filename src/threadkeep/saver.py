@@ -102,6 +102,12 @@ class Backend(Protocol):
 
     def delete_thread(self, thread_id: str, owner: str | None) -> Program[bool]: ...
 
+    # The (thread id, owner) of the threads holding checkpoints of ``run_ids``, found by
+    # index; ``None``: the store finds them only by reading every thread (Redis).
+    def run_threads(
+        self, run_ids: Sequence[str], owner: str | None
+    ) -> Program[list[tuple[str, str]] | None]: ...
+
     # ``spare``: per thread, the (namespace, checkpoint id) of the runs' checkpoints to keep:
     # those a checkpoint that stays reads its delta fields from (see core/delta.py).
     def delete_for_runs(
@@ -312,16 +318,16 @@ class ThreadkeepSaver(BaseCheckpointSaver[str]):
             # A run's checkpoints that a later checkpoint's delta fields are rebuilt from
             # stay (core/delta.py): read in the same run as the delete. Only the caller's
             # threads are read; the store refuses the runs' checkpoints on another user's.
-            doomed: dict[str, set[tuple[str, str]]] = {}
-            for run_id in ids:
-                for found in (yield from self._all(None, {"run_id": run_id})):
-                    configurable = found.config["configurable"]
-                    doomed.setdefault(configurable["thread_id"], set()).add(
-                        (configurable.get("checkpoint_ns", ""), configurable["checkpoint_id"])
-                    )
+            threads = yield from self.backend.run_threads(ids, owner)
+            by_thread = {thread_id for thread_id, _ in threads or ()}
+            if threads is None:  # no index: the runs' checkpoints, from a read of every thread
+                for run_id in ids:
+                    found = yield from self._all(None, {"run_id": run_id})
+                    by_thread.update(t.config["configurable"]["thread_id"] for t in found)
             spare = {}
-            for thread_id, gone in doomed.items():
+            for thread_id in sorted(by_thread):
                 thread = yield from self._all({"configurable": {"thread_id": thread_id}})
+                gone = {_where(t) for t in thread if t.metadata.get("run_id") in ids}
                 spare[thread_id] = spared_by_delta(thread, gone)
             return (yield from self.backend.delete_for_runs(ids, owner, spare))
 
@@ -782,3 +788,9 @@ class ThreadkeepSaver(BaseCheckpointSaver[str]):
         self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None
     ) -> None:
         await self.aclose()
+
+
+def _where(found: CheckpointTuple) -> tuple[str, str]:
+    """A stored checkpoint's (namespace, checkpoint id)."""
+    configurable = found.config["configurable"]
+    return configurable.get("checkpoint_ns", ""), configurable["checkpoint_id"]

@@ -485,3 +485,25 @@ def _held_by_loop(saver: Any) -> list[tuple[Any, Any]]:
             if per_loop is not None:
                 held.extend(per_loop._listed())
     return held
+
+
+@pytest.mark.providers("sqlite", "postgres", "tiered")
+def test_delete_for_runs_reads_only_the_threads_of_its_runs(open_saver: Opener) -> None:
+    """LangGraph's server deletes a run's checkpoints at every rollback: the stores that
+    index runs find the run's threads by that index, never by reading every thread."""
+    saver = open_saver()
+    graph = build_agent(saver)
+    for thread_id in ("other-1", "other-2", "mine"):
+        graph.invoke(turn_input(0), {"configurable": {"thread_id": thread_id, "run_id": f"run-{thread_id}"}})
+    pages: list[Any] = []
+    list_page = saver.backend.list_page
+
+    def recorded(query: Any, *args: Any) -> Any:
+        pages.append(query.thread_id)
+        return list_page(query, *args)
+
+    saver.backend.list_page = recorded  # type: ignore[method-assign]
+    saver.delete_for_runs(["run-mine"])
+    assert set(pages) == {"mine"}  # before: a read of every thread (None) first
+    assert saver.get_tuple({"configurable": {"thread_id": "mine"}}) is None
+    assert saver.get_tuple({"configurable": {"thread_id": "other-1"}}) is not None

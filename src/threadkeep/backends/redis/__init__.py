@@ -81,6 +81,10 @@ class RedisBackend:
     def delete_thread(self, thread_id: str, owner: str | None) -> Program[bool]:
         return self._programs.delete_thread(self.space, thread_id, owner)
 
+    def run_threads(self, run_ids: Sequence[str], owner: str | None) -> Program[list[tuple[str, str]] | None]:
+        """``None``: Redis keeps no index of runs (its delete reads every thread)."""
+        return _no_index()
+
     def delete_for_runs(
         self,
         run_ids: Sequence[str],
@@ -213,3 +217,8 @@ def _redis_admin(settings: Settings) -> RedisBackend:
 
 
 REDIS_PROVIDER = Provider(build_redis, _redis_admin, _OPTIONS)
+
+
+def _no_index() -> Program[list[tuple[str, str]] | None]:
+    return None
+    yield  # a program that asks nothing

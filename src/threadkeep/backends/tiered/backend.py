@@ -282,6 +282,10 @@ class TieredBackend:
         yield from self._forget(thread_id, user, removed=True)
         return bool(deleted)
 
+    def run_threads(self, run_ids: Sequence[str], owner: str | None) -> Program[list[tuple[str, str]] | None]:
+        threads = yield Durable(lambda: self.durable.run_threads(run_ids, owner))
+        return threads  # type: ignore[no-any-return]
+
     def delete_for_runs(
         self,
         run_ids: Sequence[str],
