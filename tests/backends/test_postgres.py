@@ -1562,3 +1562,13 @@ def test_w2_a_refused_step_keeps_its_connection(
     assert not [r for r in caplog.records if "discarding" in r.getMessage() or r.levelno >= logging.WARNING]
     state = saver.get_tuple({"configurable": {"thread_id": "after"}})
     assert len(state.checkpoint["channel_values"]["messages"]) == 3 * MESSAGES_PER_TURN
+
+
+def test_a_connection_string_that_cannot_be_read_is_a_configuration_error(provider: Any) -> None:
+    """Refused at open, named as a setting to fix: not 'the postgres store failed' (503)."""
+    from threadkeep import ConfigurationError
+
+    with pytest.raises(ConfigurationError, match="connection string cannot be read") as refused:
+        open_checkpointer("postgres", "host=127.0.0.1 dbname=has spaces")
+    assert refused.value.kind == "invalid"
+    assert "has spaces" not in str(refused.value.context)

@@ -8,6 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
+import psycopg
+from psycopg.conninfo import conninfo_to_dict
+
 from threadkeep.backends.postgres import queries
 from threadkeep.backends.postgres.engine import (
     PlannedOnce,
@@ -46,6 +49,15 @@ def _engine(settings: Settings, **options: Any) -> PostgresEngine:
             "variables, set it to postgresql://",
             context={"variable": "LLM_PROVIDER_CHECKPOINT_CONN_STRING", "provider": settings.provider},
         )
+    try:
+        conninfo_to_dict(conninfo)
+    except psycopg.ProgrammingError as exc:  # not a URL or a libpq string: no use retrying
+        raise ConfigurationError(
+            f"the {settings.provider} provider's connection string cannot be read ({exc}): fix "
+            "LLM_PROVIDER_CHECKPOINT_CONN_STRING (or DATABASE_URL, or the pool's conninfo); it "
+            "takes a postgresql:// URL or a libpq string of key=value pairs",
+            context={"variable": "LLM_PROVIDER_CHECKPOINT_CONN_STRING", "provider": settings.provider},
+        ) from exc
     return PostgresEngine(
         conninfo,
         retry=RetryPolicy(
