@@ -1,7 +1,8 @@
 """Deployment settings, read once from the environment and refused loudly when wrong.
 
-Every variable is listed in :data:`VARIABLES` with its default; ``docs/settings.md`` is the
-reader's copy of the same table. A refusal names the variable and the value it saw.
+Every variable is listed in :data:`VARIABLES` with its default, and described in the
+``Attributes`` of :class:`Settings`; ``tools/gen_settings_doc.py`` writes the table of
+``docs/settings.md`` from both. A refusal names the variable and the value it saw.
 """
 
 from __future__ import annotations
@@ -70,6 +71,69 @@ class Settings:
     """The checkpoint settings of one deployment.
 
     Build it with :meth:`Settings.from_env`; constructing it directly validates the same way.
+    Each field is read from the variable :data:`VARIABLES` names. The descriptions below are
+    the table of ``docs/settings.md`` (``python tools/gen_settings_doc.py`` writes it; ``./dev
+    test`` fails while it is stale): a new setting needs its line here.
+
+    Attributes:
+        provider: The provider: `memory`, `sqlite`, `postgres`, `redis`, `tiered`.
+        conn_string: The provider's connection string (a path for sqlite). Unset: sqlite uses
+            `.threadkeep/checkpoints.sqlite`, postgres `DATABASE_URL` (neither set: refused at start;
+            `postgresql://` takes everything from libpq's `PG*`), redis `REDIS_URL`.
+        cache_url: tiered only: the Redis URL of the hot tier (else `REDIS_URL`).
+        cache_ttl_seconds: tiered only: how long a thread's cached latest state lives after its last write (a
+            read does not extend it); a miss only costs a read from Postgres.
+        cache_lease_seconds: tiered only: the staleness bound. A read of a thread's newest state that starts
+            more than this long after Postgres committed a newer one returns the newer one, even if that
+            state's cache write never arrived (a worker killed after its commit, a network cut to Redis);
+            within it a state is served from Redis alone, past it one indexed Postgres lookup confirms it
+            first (`docs/tiered.md`).
+        codec: `json` (the faithful codec) or `msgpack` (LangGraph's `JsonPlusSerializer`).
+        msgpack_strict: With `CODEC=msgpack`: a read builds only LangGraph's safe types, the enum, dataclass
+            and pydantic classes of modules already imported (a graph's state types) and the allowlist
+            (`saver.with_allowlist`); a stored value naming anything else fails the read with
+            `CheckpointSerializationError`, and nothing it names is imported or called (`docs/codec.md`).
+            `false` reads as `JsonPlusSerializer()` does by default: a stored value can import any module and
+            call anything, so whoever can write to the store can run code in every reader. Only for a store
+            nobody else can write.
+        inline_compress_bytes: Values encoded larger than this are stored compressed; `null` turns compression
+            off.
+        retention_waiting_minutes: How long a thread nobody marked finished lives after its last write.
+        retention_finished_minutes: How long a thread lives after it was marked finished; at most the waiting
+            value.
+        enforce_user_isolation: A thread belongs to the user who first wrote it.
+        state_history_limit: Keep only the newest N checkpoints per (thread, namespace); unset keeps all
+            (tiered: 20).
+        retry_attempts: Attempts of a transaction whose connection dropped (postgres, redis).
+        retry_backoff_seconds: First retry delay; it doubles each attempt.
+        pool_min_size: postgres, tiered: connections each pool keeps open.
+        pool_max_size: postgres, tiered: connections each pool may open (threadkeep opens one pool per event
+            loop for the async API, one for the sync API).
+        pool_timeout_seconds: postgres, tiered: how long a call waits for a free connection before it fails
+            (and is retried).
+        connect_timeout_seconds: postgres, redis, tiered: how long opening a connection may take.
+        prepare_threshold: postgres, tiered: psycopg's `prepare_threshold`, the runs after which a write
+            statement becomes a prepared statement (the state read is prepared at its first run); `null` never
+            prepares, for PgBouncer (or another pooler) in transaction mode before PgBouncer 1.21: the state
+            read then calls the function `tk_state`. Also read by `threadkeep sweep` and `threadkeep serve`.
+        command_timeout_seconds: postgres, tiered (its Postgres store) and redis: how long a command may wait
+            for its reply. Past it the connection counts as dropped (postgres: the statement is cancelled and
+            the connection closed, since what the server did with the step is not known: a step is stored
+            whole or not at all) and the call is retried on a new one (`RETRY_ATTEMPTS`); without a limit, a
+            connection that a load balancer or NAT dropped without a word (a failover, an idle timeout) would
+            wait for the kernel's TCP timeout, about 15 minutes, and one to a stopped or stuck Postgres
+            backend for ever. On postgres the bound is on each wait for the server (a round trip, a COMMIT, a
+            pool's check of a connection) on the pools threadkeep opens, but for the sweep's; a pool you pass
+            in keeps its connections' own behaviour. On a Redis Cluster too the bound is per try: the cluster
+            clients threadkeep opens do not try a command again themselves (redis-py's default is up to 10
+            more tries, each as long). A try there may first read the cluster's layout again, asking the node
+            the last try failed on last, each node it asks bounded by this limit as well. Clients passed in
+            (`client=`, `async_client=`) keep their own timeouts. The tiered provider's cache has its own
+            limit of 1 s (`docs/tiered.md`).
+        api_keys: `threadkeep serve`: bearer API keys, comma-separated `key:user:role` (role `admin` or
+            `user`); only an admin key may sweep or write settings. A secret: never logged.
+        database_url: Fallback Postgres DSN.
+        redis_url: Fallback Redis URL.
     """
 
     provider: ProviderName = "sqlite"
