@@ -464,6 +464,15 @@ def test_w4_a_postgres_try_may_have_stored_its_step_only_if_lost_while_a_commit_
     assert not in_flight(lost)
 
 
+def test_step_deadline_is_read_and_must_be_a_positive_finite_number() -> None:
+    variable = "LLM_PROVIDER_CHECKPOINT_STEP_DEADLINE_SECONDS"
+    assert Settings().step_deadline_seconds == 10.0
+    assert Settings.from_env({variable: "2.5"}).step_deadline_seconds == 2.5
+    for raw in ("0", "-1", "inf", "nan", "x"):
+        with pytest.raises(ConfigurationError, match=variable):
+            Settings.from_env({variable: raw})
+
+
 def _settings_doc() -> dict[str, Any]:
     import runpy
     from pathlib import Path

@@ -28,7 +28,8 @@ HEADER = """# Settings
 
 Read from the environment when a saver is built (`Settings.from_env()`). A malformed or
 out-of-range value is refused at start with `ConfigurationError`, naming the variable and the
-value. `open_checkpointer(**options)` overrides some of them per saver.
+value. `open_checkpointer(**options)` overrides some of them per saver. What each one costs
+in production, and how to size them: [production.md](production.md).
 
 | Variable | Default | Meaning |
 |---|---|---|"""

@@ -56,6 +56,7 @@ VARIABLES: Mapping[str, tuple[str, str | None]] = {
     f"{PREFIX}_CONNECT_TIMEOUT_SECONDS": ("connect_timeout_seconds", "10"),
     f"{PREFIX}_PREPARE_THRESHOLD": ("prepare_threshold", "5"),
     f"{PREFIX}_COMMAND_TIMEOUT_SECONDS": ("command_timeout_seconds", "30"),
+    f"{PREFIX}_STEP_DEADLINE_SECONDS": ("step_deadline_seconds", "10.0"),
     f"{PREFIX}_API_KEYS": ("api_keys", None),
     "DATABASE_URL": ("database_url", None),
     "REDIS_URL": ("redis_url", None),
@@ -110,7 +111,7 @@ class Settings:
         pool_max_size: postgres, tiered: connections each pool may open (threadkeep opens one pool per event
             loop for the async API, one for the sync API).
         pool_timeout_seconds: postgres, tiered: how long a call waits for a free connection before it fails
-            (and is retried).
+            (and is retried), at most what is left of `STEP_DEADLINE_SECONDS`.
         connect_timeout_seconds: postgres, redis, tiered: how long opening a connection may take.
         prepare_threshold: postgres, tiered: psycopg's `prepare_threshold`, the runs after which a write
             statement becomes a prepared statement (the state read is prepared at its first run); `null` never
@@ -130,6 +131,14 @@ class Settings:
             the last try failed on last, each node it asks bounded by this limit as well. Clients passed in
             (`client=`, `async_client=`) keep their own timeouts. The tiered provider's cache has its own
             limit of 1 s (`docs/tiered.md`).
+        step_deadline_seconds: postgres, redis, tiered (its Postgres store): how long one step (a put, a
+            task's writes, a read) may spend waiting for a connection and retrying, all together. With the
+            store down, a step fails within it with a `StorageError` that names it, whatever
+            `POOL_TIMEOUT_SECONDS` and the retries would add up to; no try starts after it, and a wait for a
+            connection is cut to what is left of it. A round trip already sent is bounded by
+            `COMMAND_TIMEOUT_SECONDS` instead, so a step takes at most about this plus one command timeout.
+            Raise it to ride out longer outages (a failover) in the step instead of failing the run
+            (`docs/production.md`).
         api_keys: `threadkeep serve`: bearer API keys, comma-separated `key:user:role` (role `admin` or
             `user`); only an admin key may sweep or write settings. A secret: never logged.
         database_url: Fallback Postgres DSN.
@@ -156,6 +165,7 @@ class Settings:
     connect_timeout_seconds: int = 10
     prepare_threshold: int | None = 5
     command_timeout_seconds: int = 30
+    step_deadline_seconds: float = 10.0
     api_keys: str | None = field(default=None, repr=False)
     database_url: str | None = field(default=None, repr=False)
     redis_url: str | None = field(default=None, repr=False)
@@ -202,13 +212,8 @@ class Settings:
             value = getattr(self, name)
             if value is not None:
                 _check_positive(name, value)
-        _check_type("cache_lease_seconds", self.cache_lease_seconds, (int, float))
-        if not math.isfinite(self.cache_lease_seconds) or self.cache_lease_seconds <= 0:
-            raise ConfigurationError(
-                f"{_variable('cache_lease_seconds')}={self.cache_lease_seconds!r} must be a "
-                "positive, finite number of seconds",
-                context={"variable": _variable("cache_lease_seconds")},
-            )
+        for name in ("cache_lease_seconds", "step_deadline_seconds"):
+            _check_seconds(name, getattr(self, name))
         if not math.isfinite(self.retry_backoff_seconds) or self.retry_backoff_seconds < 0:
             raise ConfigurationError(
                 f"{_variable('retry_backoff_seconds')}={self.retry_backoff_seconds!r} must be a "
@@ -326,6 +331,15 @@ def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
         raise ConfigurationError(
             f"{_variable(name)}={value!r} is not one of {', '.join(choices)}",
             context={"variable": _variable(name), "value": value},
+        )
+
+
+def _check_seconds(name: str, value: float) -> None:
+    _check_type(name, value, (int, float))
+    if not math.isfinite(value) or value <= 0:
+        raise ConfigurationError(
+            f"{_variable(name)}={value!r} must be a positive, finite number of seconds",
+            context={"variable": _variable(name)},
         )
 
 
