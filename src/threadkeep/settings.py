@@ -136,9 +136,9 @@ class Settings:
             store down, a step fails within it with a `StorageError` that names it, whatever
             `POOL_TIMEOUT_SECONDS` and the retries would add up to; no try starts after it, and a wait for a
             connection is cut to what is left of it. A round trip already sent is bounded by
-            `COMMAND_TIMEOUT_SECONDS` instead, so a step takes at most about this plus one command timeout.
-            Raise it to ride out longer outages (a failover) in the step instead of failing the run
-            (`docs/production.md`).
+            `COMMAND_TIMEOUT_SECONDS` instead, so a step takes at most about this plus one command timeout,
+            and a try given up after the command timeout is retried only within this. Raise it to ride
+            out longer outages (a failover) in the step instead of failing the run (`docs/production.md`).
         api_keys: `threadkeep serve`: bearer API keys, comma-separated `key:user:role` (role `admin` or
             `user`); only an admin key may sweep or write settings. A secret: never logged.
         database_url: Fallback Postgres DSN.

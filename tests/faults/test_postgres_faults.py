@@ -7,7 +7,6 @@ import asyncio
 import concurrent.futures
 import contextlib
 import logging
-import re
 import threading
 import time
 import uuid
@@ -165,9 +164,15 @@ def test_w4_postgres_refusing_connections_fails_the_run_and_leaves_nothing_half_
         assert direct.stats("outage")["messages"] == MESSAGES_PER_TURN
 
 
-# COMMAND_TIMEOUT_SECONDS at 2 s: a wait for a server that stopped answering gives up.
+# COMMAND_TIMEOUT_SECONDS at 2 s: a wait for a server that stopped answering gives up. The
+# step deadline leaves room for every attempt, each a bound and a test of the idle
+# connections (tests/faults/test_outages.py holds a step to its deadline).
 MUTE_AFTER_2S = Settings(
-    retry_backoff_seconds=0.05, pool_timeout_seconds=2, connect_timeout_seconds=2, command_timeout_seconds=2
+    retry_backoff_seconds=0.05,
+    pool_timeout_seconds=2,
+    connect_timeout_seconds=2,
+    command_timeout_seconds=2,
+    step_deadline_seconds=60,
 )
 
 
@@ -299,8 +304,7 @@ def test_w4_postgres_answering_nothing_fails_the_run_and_leaves_nothing_half_wri
     provider: Any, proxy: TcpProxy, api: str
 ) -> None:
     """Open connections mute and new ones never let through, for longer than the retries:
-    the turn fails with StorageError instead of waiting (its attempts, or the step deadline,
-    whichever ends first), and what was stored reads back."""
+    the turn fails with StorageError instead of waiting, and what was stored reads back."""
     dsn = postgres_schema(uuid.uuid4().hex)
     stored: list[int] = []
 
@@ -313,7 +317,7 @@ def test_w4_postgres_answering_nothing_fails_the_run_and_leaves_nothing_half_wri
         error = Turns(build_agent(saver), "silent", api, 2, silence).result(120, "the outage held the turn")
         proxy.release()
     assert isinstance(error, StorageError)
-    assert re.search(r"unreachable (after 3 attempts|within the step deadline of 10 s)", str(error))
+    assert "unreachable after 3 attempts" in str(error)
     with open_checkpointer("postgres", dsn, settings=Settings()) as direct:
         history = list(direct.list({"configurable": {"thread_id": "silent"}}))
         assert [len(history)] == stored == [CHECKPOINTS_PER_TURN]

@@ -358,8 +358,9 @@ class PostgresEngine:
     # callers using a pool still opening took its connections as they came, so that it never
     # counted as ready and closed itself when the wait timed out. A pool that cannot open in
     # time closes itself and raises PoolTimeout: nothing is published, the call is retried.
-    def _sync_pool(self, wait: float) -> ConnectionPool:
-        """The sync pool; opening it waits up to ``wait`` seconds for its connections."""
+    def _sync_pool(self, wait: float | None = None) -> ConnectionPool:
+        """The sync pool; opening it waits up to ``wait`` seconds (default: the pool timeout)
+        for its connections."""
         self._refuse_if_closed()
         if self._given_pool is not None:
             return self._given_pool
@@ -376,7 +377,7 @@ class PostgresEngine:
                         name="threadkeep",
                         **self._pool_kwargs(asynchronous=False),
                     )
-                    pool.open(wait=True, timeout=wait)
+                    pool.open(wait=True, timeout=wait or self.options.timeout)
                     # Published, then the flag read: close() sets the flag, then takes the
                     # pool. So a close() meanwhile (which does not wait for this open) either
                     # takes this pool or leaves it to be closed here; closing it twice is safe.
@@ -387,8 +388,9 @@ class PostgresEngine:
                         self._refuse_if_closed()
         return pool
 
-    async def _async_pool(self, wait: float) -> AsyncConnectionPool:
-        """The running loop's pool; opening it waits up to ``wait`` seconds."""
+    async def _async_pool(self, wait: float | None = None) -> AsyncConnectionPool:
+        """The running loop's pool; opening it waits up to ``wait`` seconds (default: the
+        pool timeout)."""
         self._refuse_if_closed()
         if self._given_async_pool is not None:
             return self._given_async_pool
@@ -405,7 +407,7 @@ class PostgresEngine:
                         name="threadkeep-async",
                         **self._pool_kwargs(asynchronous=True),
                     )
-                    await pool.open(wait=True, timeout=wait)
+                    await pool.open(wait=True, timeout=wait or self.options.timeout)
                     self._async_pools.publish(loop, pool)
                     # Published, then the flag read, as in _sync_pool: a close() from another
                     # thread meanwhile either finds this pool (and has its closer close it in
