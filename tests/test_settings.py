@@ -477,3 +477,46 @@ def test_w4_a_postgres_try_may_have_stored_its_step_only_if_lost_while_a_commit_
     in_flight.commits = False  # the next try: BEGIN and a lock, lost; the try before does not count
     in_flight.sending()
     assert not in_flight(lost)
+
+
+def test_step_deadline_is_read_and_must_be_a_positive_finite_number() -> None:
+    variable = "LLM_PROVIDER_CHECKPOINT_STEP_DEADLINE_SECONDS"
+    assert Settings().step_deadline_seconds == 10.0
+    assert Settings.from_env({variable: "2.5"}).step_deadline_seconds == 2.5
+    for raw in ("0", "-1", "inf", "nan", "x"):
+        with pytest.raises(ConfigurationError, match=variable):
+            Settings.from_env({variable: raw})
+
+
+def _settings_doc() -> dict[str, Any]:
+    import runpy
+    from pathlib import Path
+
+    return runpy.run_path(str(Path(__file__).resolve().parents[1] / "tools" / "gen_settings_doc.py"))
+
+
+def test_docs_settings_page_is_generated_from_the_definitions_and_current() -> None:
+    """docs/settings.md's table is what tools/gen_settings_doc.py writes from the settings'
+    own definitions, and every setting has a description there (a stale page fails here
+    and in ./dev test's --check)."""
+    tool = _settings_doc()
+    assert tool["undocumented"]() == [], "describe each setting in the Settings docstring's Attributes"
+    page = tool["PAGE"].read_text()
+    assert page == tool["render"](tool["hand_written"](page)), (
+        "docs/settings.md is stale: run python tools/gen_settings_doc.py"
+    )
+
+
+def test_the_settings_doc_generator_describes_a_setting_from_its_definition_and_flags_a_missing_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A setting added to VARIABLES without a description does not crash the generator: its
+    row says so, and the check names it."""
+    tool = _settings_doc()
+    variables = {**VARIABLES, "LLM_PROVIDER_CHECKPOINT_NEW_THING": ("new_thing", "7")}
+    monkeypatch.setitem(tool["render"].__globals__, "VARIABLES", variables)
+    rendered = tool["render"]("hand-written part\n")
+    assert "| `LLM_PROVIDER_CHECKPOINT_CONNECT_TIMEOUT_SECONDS` | `10` | postgres, redis, tiered" in rendered
+    assert "| `LLM_PROVIDER_CHECKPOINT_NEW_THING` | `7` | (undescribed" in rendered
+    assert rendered.endswith(tool["MARKER"] + "\n\nhand-written part\n")
+    assert tool["undocumented"]() == ["new_thing"]

@@ -1,79 +1,125 @@
-# ruff: noqa: E501  (prose lines)
-"""Write docs/settings.md from threadkeep.settings.VARIABLES: ./dev run python tools/gen_settings_doc.py"""
+"""Write the generated part of docs/settings.md from the settings' own definitions.
 
+    python tools/gen_settings_doc.py           rewrite the page's generated part
+    python tools/gen_settings_doc.py --check   exit 1 if the page is stale (./dev test runs it)
+
+The table comes from ``threadkeep.settings``: each variable, its field and its default from
+``VARIABLES``, its meaning from the ``Attributes:`` section of the ``Settings`` docstring; the
+list of removed variables from ``REMOVED_VARIABLES``. Everything below the marker line is
+written by hand and kept as it is.
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import re
+import sys
 from pathlib import Path
 
-from threadkeep.settings import VARIABLES
+from threadkeep.settings import REMOVED_VARIABLES, VARIABLES, Settings
 
-desc = {
-    "provider": "The provider: `memory`, `sqlite`, `postgres`, `redis`, `tiered`.",
-    "conn_string": "The provider's connection string (a path for sqlite). Unset: sqlite uses `.threadkeep/checkpoints.sqlite`, postgres `DATABASE_URL` (neither set: refused at start; `postgresql://` takes everything from libpq's `PG*`), redis `REDIS_URL`.",
-    "cache_url": "tiered only: the Redis URL of the hot tier (else `REDIS_URL`).",
-    "cache_ttl_seconds": "tiered only: how long a thread's cached latest state lives after its last write (a read does not extend it); a miss only costs a read from Postgres.",
-    "codec": "`json` (the faithful codec) or `msgpack` (LangGraph's `JsonPlusSerializer`).",
-    "inline_compress_bytes": "Values encoded larger than this are stored compressed; `null` turns compression off.",
-    "retention_waiting_minutes": "How long a thread nobody marked finished lives after its last write.",
-    "retention_finished_minutes": "How long a thread lives after it was marked finished; at most the waiting value.",
-    "retention_interrupt_minutes": "How long the sweep spares a thread, past its horizon, because its newest root checkpoint waits on an interrupt; past this, the `interrupts` filter no longer claims it and it goes like any other (`docs/operations.md`). Unset: spared for as long as it waits. May exceed the waiting value.",
-    "enforce_user_isolation": "A thread belongs to the user who first wrote it.",
-    "state_history_limit": "Keep only the newest N checkpoints per (thread, namespace); unset keeps all (tiered: 20).",
-    "retry_attempts": "Attempts of a transaction whose connection dropped (postgres, redis).",
-    "retry_backoff_seconds": "First retry delay; it doubles each attempt.",
-    "pool_min_size": "postgres, tiered: connections each pool keeps open.",
-    "pool_max_size": "postgres, tiered: connections each pool may open (threadkeep opens one pool per event loop for the async API, one for the sync API).",
-    "pool_timeout_seconds": "postgres, tiered: how long a call waits for a free connection before it fails (and is retried).",
-    "connect_timeout_seconds": "postgres, redis, tiered: how long opening a connection may take.",
-    "api_keys": "`threadkeep serve`: bearer API keys, comma-separated `key:user:role` (role `admin` or `user`); only an admin key may sweep or write settings. Unset, those routes refuse every request (401) and `threadkeep serve` says so in a WARNING at start. A secret: never logged.",
-    "database_url": "Fallback Postgres DSN.",
-    "redis_url": "Fallback Redis URL.",
-}
-out = [
-    "# Settings",
-    "",
-    "Read from the environment when a saver is built (`Settings.from_env()`). A malformed or",
-    "out-of-range value is refused at start with `ConfigurationError`, naming the variable and the",
-    "value. `open_checkpointer(**options)` overrides some of them per saver.",
-    "",
-    "| Variable | Default | Meaning |",
-    "|---|---|---|",
-]
-for var, (name, default) in VARIABLES.items():
-    out.append(f"| `{var}` | {('`' + default + '`') if default else 'unset'} | {desc[name]} |")
-out += [
-    "",
-    "## Removed",
-    "",
-    "A deployment that sets either of these is refused at start, and a settings write that sets",
-    "one (`Settings.updated({...})`, `PATCH /api/settings`) is refused, naming it:",
-    "",
-    "- `LLM_PROVIDER_CHECKPOINT_TTL_MINUTES`: use the two retention values.",
-    "- `FLOW_CHECKPOINT_RETENTION_DAYS`: use the two retention values and the checkpoint sweep.",
-    "",
-    "## Per-saver options",
-    "",
-    "`open_checkpointer(provider, conn_string, **options)` accepts `serde`, `enforce_user_isolation`,",
-    "`state_history_limit`, `clock`, and for `sqlite`/`memory`: `synchronous` (`NORMAL` by default,",
-    "durable against a crash of the process; `FULL` also against power loss), `busy_timeout_ms`",
-    "(5000) and `max_connections` (8); for `postgres`: `pool` and `async_pool` (pools your",
-    "application owns: used as given, never closed by threadkeep), `min_size`, `max_size` and",
-    "`prepare_threshold` (psycopg's; `None` for PgBouncer in transaction mode); for `redis`:",
-    "`client` and `async_client` (redis-py clients your application owns, used as given and never",
-    "closed by threadkeep; a `RedisCluster` client works too), `cluster` (`True`/`False`; unset,",
-    "threadkeep asks the server whether it is a cluster) and `key_prefix` (`tk`: every key starts",
-    "with it, so two stores can share one database). An unknown option is refused, naming it.",
-    "",
-    "## Connections",
-    "",
-    "- **postgres** keeps one `psycopg_pool` pool for the sync API and one per event loop for the",
-    "  async API, each between `POOL_MIN_SIZE` and `POOL_MAX_SIZE` connections. A program (one",
-    "  checkpoint step) holds a connection for one transaction. A pooled connection is checked",
-    "  before use without a round trip; after a dropped connection every idle one is tested, and",
-    "  the step is retried whole, `RETRY_ATTEMPTS` times in all with `RETRY_BACKOFF_SECONDS`",
-    "  doubling between tries. Migrations run once, on a short-lived connection, under an advisory",
-    "  lock.",
-    "- **redis** uses one redis-py client for the sync API and one per event loop for the async",
-    "  API (each with its own connection pool). A step is one Lua script, so a retry after a",
-    "  dropped connection never repeats half a step.",
-    "",
-]
-(Path(__file__).resolve().parents[1] / "docs" / "settings.md").write_text("\n".join(out))
+PAGE = Path(__file__).resolve().parents[1] / "docs" / "settings.md"
+MARKER = (
+    "<!-- Everything above is written by tools/gen_settings_doc.py from threadkeep/settings.py"
+    " (VARIABLES, the Settings docstring, REMOVED_VARIABLES): edit those, then run it. -->"
+)
+HEADER = """# Settings
+
+Read from the environment when a saver is built (`Settings.from_env()`). A malformed or
+out-of-range value is refused at start with `ConfigurationError`, naming the variable and the
+value. `open_checkpointer(**options)` overrides some of them per saver. What each one costs
+in production, and how to size them: [production.md](production.md).
+
+| Variable | Default | Meaning |
+|---|---|---|"""
+REMOVED = """## Removed
+
+A deployment that sets one of these is refused at start, and a settings write that sets
+one (`Settings.updated({...})`, `PATCH /api/settings`) is refused, naming it:
+"""
+_ENTRY = re.compile(r"^    (\w+): (.*)$")
+
+
+def descriptions() -> dict[str, str]:
+    """Each field's description, from the ``Attributes:`` section of ``Settings``'s docstring
+    (an entry indented four spaces under it, its continuation lines deeper)."""
+    lines = inspect.cleandoc(Settings.__doc__ or "").splitlines()
+    found: dict[str, str] = {}
+    inside = False
+    current: str | None = None
+    for line in lines:
+        if line.strip() == "Attributes:":
+            inside = True
+            continue
+        if not inside:
+            continue
+        if line and not line.startswith(" "):  # the next section
+            break
+        entry = _ENTRY.match(line)
+        if entry:
+            current = entry.group(1)
+            found[current] = entry.group(2).strip()
+        elif current is not None and line.startswith("        "):
+            found[current] += " " + line.strip()
+    return found
+
+
+def undocumented() -> list[str]:
+    """The settings' fields without a description."""
+    described = descriptions()
+    return [name for name, _default in VARIABLES.values() if name not in described]
+
+
+def render(hand_written: str) -> str:
+    """The whole page: the generated part, the marker, then ``hand_written``."""
+    described = descriptions()
+    out = [HEADER]
+    for variable, (name, default) in VARIABLES.items():
+        shown = f"`{default}`" if default else "unset"
+        meaning = described.get(name, "(undescribed: add it to the Settings docstring)")
+        out.append(f"| `{variable}` | {shown} | {meaning} |")
+    out += ["", REMOVED]
+    out += [f"- `{variable}`: {instead}." for variable, instead in REMOVED_VARIABLES.items()]
+    out += ["", MARKER, "", hand_written.lstrip("\n")]
+    return "\n".join(out)
+
+
+def hand_written(page: str) -> str:
+    """What follows the marker on ``page``.
+
+    Raises:
+        SystemExit: the page has no marker (its hand-written part would be lost).
+    """
+    _head, marker, tail = page.partition(MARKER)
+    if not marker:
+        raise SystemExit(f"{PAGE} has no marker line; put it back above the hand-written part:\n{MARKER}")
+    return tail
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="exit 1 if docs/settings.md is stale")
+    args = parser.parse_args(argv)
+    current = PAGE.read_text()
+    wanted = render(hand_written(current))
+    missing = undocumented()
+    if missing:
+        print(
+            f"settings without a description: {', '.join(missing)}; add each to the Attributes of the"
+            " Settings docstring in src/threadkeep/settings.py",
+            file=sys.stderr,
+        )
+    if args.check:
+        if current != wanted:
+            print(f"{PAGE} is stale: run python tools/gen_settings_doc.py", file=sys.stderr)
+            return 1
+        return 1 if missing else 0
+    if current != wanted:
+        PAGE.write_text(wanted)
+        print(f"wrote {PAGE}")
+    return 1 if missing else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

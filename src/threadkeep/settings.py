@@ -1,7 +1,8 @@
 """Deployment settings, read once from the environment and refused loudly when wrong.
 
-Every variable is listed in :data:`VARIABLES` with its default; ``docs/settings.md`` is the
-reader's copy of the same table. A refusal names the variable and the value it saw.
+Every variable is listed in :data:`VARIABLES` with its default, and described in the
+``Attributes`` of :class:`Settings`; ``tools/gen_settings_doc.py`` writes the table of
+``docs/settings.md`` from both. A refusal names the variable and the value it saw.
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ VARIABLES: Mapping[str, tuple[str, str | None]] = {
     f"{PREFIX}_CONNECT_TIMEOUT_SECONDS": ("connect_timeout_seconds", "10"),
     f"{PREFIX}_PREPARE_THRESHOLD": ("prepare_threshold", "5"),
     f"{PREFIX}_COMMAND_TIMEOUT_SECONDS": ("command_timeout_seconds", "30"),
+    f"{PREFIX}_STEP_DEADLINE_SECONDS": ("step_deadline_seconds", "10.0"),
     f"{PREFIX}_API_KEYS": ("api_keys", None),
     "DATABASE_URL": ("database_url", None),
     "REDIS_URL": ("redis_url", None),
@@ -71,6 +73,81 @@ class Settings:
     """The checkpoint settings of one deployment.
 
     Build it with :meth:`Settings.from_env`; constructing it directly validates the same way.
+    Each field is read from the variable :data:`VARIABLES` names. The descriptions below are
+    the table of ``docs/settings.md`` (``python tools/gen_settings_doc.py`` writes it; ``./dev
+    test`` fails while it is stale): a new setting needs its line here.
+
+    Attributes:
+        provider: The provider: `memory`, `sqlite`, `postgres`, `redis`, `tiered`.
+        conn_string: The provider's connection string (a path for sqlite). Unset: sqlite uses
+            `.threadkeep/checkpoints.sqlite`, postgres `DATABASE_URL` (neither set: refused at start;
+            `postgresql://` takes everything from libpq's `PG*`), redis `REDIS_URL`.
+        cache_url: tiered only: the Redis URL of the hot tier (else `REDIS_URL`).
+        cache_ttl_seconds: tiered only: how long a thread's cached latest state lives after its last write (a
+            read does not extend it); a miss only costs a read from Postgres.
+        cache_lease_seconds: tiered only: the staleness bound. A read of a thread's newest state that starts
+            more than this long after Postgres committed a newer one returns the newer one, even if that
+            state's cache write never arrived (a worker killed after its commit, a network cut to Redis);
+            within it a state is served from Redis alone, past it one indexed Postgres lookup confirms it
+            first (`docs/tiered.md`).
+        codec: `json` (the faithful codec) or `msgpack` (LangGraph's `JsonPlusSerializer`).
+        msgpack_strict: With `CODEC=msgpack`: a read builds only LangGraph's safe types, the enum, dataclass
+            and pydantic classes of modules already imported (a graph's state types) and the allowlist
+            (`saver.with_allowlist`); a stored value naming anything else fails the read with
+            `CheckpointSerializationError`, and nothing it names is imported or called (`docs/codec.md`).
+            `false` reads as `JsonPlusSerializer()` does by default: a stored value can import any module and
+            call anything, so whoever can write to the store can run code in every reader. Only for a store
+            nobody else can write.
+        inline_compress_bytes: Values encoded larger than this are stored compressed; `null` turns compression
+            off.
+        retention_waiting_minutes: How long a thread nobody marked finished lives after its last write.
+        retention_finished_minutes: How long a thread lives after it was marked finished; at most the waiting
+            value.
+        retention_interrupt_minutes: How long the sweep spares a thread, past its horizon, because its
+            newest root checkpoint waits on an interrupt; past this, the `interrupts` filter no longer
+            claims it and it goes like any other (`docs/operations.md`). Unset: spared for as long as it
+            waits. May exceed the waiting value.
+        enforce_user_isolation: A thread belongs to the user who first wrote it.
+        state_history_limit: Keep only the newest N checkpoints per (thread, namespace); unset keeps all
+            (tiered: 20).
+        retry_attempts: Attempts of a transaction whose connection dropped (postgres, redis).
+        retry_backoff_seconds: First retry delay; it doubles each attempt.
+        pool_min_size: postgres, tiered: connections each pool keeps open.
+        pool_max_size: postgres, tiered: connections each pool may open (threadkeep opens one pool per event
+            loop for the async API, one for the sync API).
+        pool_timeout_seconds: postgres, tiered: how long a call waits for a free connection before it fails
+            (and is retried), at most what is left of `STEP_DEADLINE_SECONDS`.
+        connect_timeout_seconds: postgres, redis, tiered: how long opening a connection may take.
+        prepare_threshold: postgres, tiered: psycopg's `prepare_threshold`, the runs after which a write
+            statement becomes a prepared statement (the state read is prepared at its first run); `null` never
+            prepares, for PgBouncer (or another pooler) in transaction mode before PgBouncer 1.21: the state
+            read then calls the function `tk_state`. Also read by `threadkeep sweep` and `threadkeep serve`.
+        command_timeout_seconds: postgres, tiered (its Postgres store) and redis: how long a command may wait
+            for its reply. Past it the connection counts as dropped (postgres: the statement is cancelled and
+            the connection closed, since what the server did with the step is not known: a step is stored
+            whole or not at all) and the call is retried on a new one (`RETRY_ATTEMPTS`); without a limit, a
+            connection that a load balancer or NAT dropped without a word (a failover, an idle timeout) would
+            wait for the kernel's TCP timeout, about 15 minutes, and one to a stopped or stuck Postgres
+            backend for ever. On postgres the bound is on each wait for the server (a round trip, a COMMIT, a
+            pool's check of a connection) on the pools threadkeep opens, but for the sweep's; a pool you pass
+            in keeps its connections' own behaviour. On a Redis Cluster too the bound is per try: the cluster
+            clients threadkeep opens do not try a command again themselves (redis-py's default is up to 10
+            more tries, each as long). A try there may first read the cluster's layout again, asking the node
+            the last try failed on last, each node it asks bounded by this limit as well. Clients passed in
+            (`client=`, `async_client=`) keep their own timeouts. The tiered provider's cache has its own
+            limit of 1 s (`docs/tiered.md`).
+        step_deadline_seconds: postgres, redis, tiered (its Postgres store): how long one step (a put, a
+            task's writes, a read) may spend waiting for a connection and retrying, all together. With the
+            store down, a step fails within it with a `StorageError` that names it, whatever
+            `POOL_TIMEOUT_SECONDS` and the retries would add up to; no try starts after it, and a wait for a
+            connection is cut to what is left of it. A round trip already sent is bounded by
+            `COMMAND_TIMEOUT_SECONDS` instead, so a step takes at most about this plus one command timeout,
+            and a try given up after the command timeout is retried only within this. Raise it to ride
+            out longer outages (a failover) in the step instead of failing the run (`docs/production.md`).
+        api_keys: `threadkeep serve`: bearer API keys, comma-separated `key:user:role` (role `admin` or
+            `user`); only an admin key may sweep or write settings. A secret: never logged.
+        database_url: Fallback Postgres DSN.
+        redis_url: Fallback Redis URL.
     """
 
     provider: ProviderName = "sqlite"
@@ -94,6 +171,7 @@ class Settings:
     connect_timeout_seconds: int = 10
     prepare_threshold: int | None = 5
     command_timeout_seconds: int = 30
+    step_deadline_seconds: float = 10.0
     api_keys: str | None = field(default=None, repr=False)
     database_url: str | None = field(default=None, repr=False)
     redis_url: str | None = field(default=None, repr=False)
@@ -140,13 +218,8 @@ class Settings:
             value = getattr(self, name)
             if value is not None:
                 _check_positive(name, value)
-        _check_type("cache_lease_seconds", self.cache_lease_seconds, (int, float))
-        if not math.isfinite(self.cache_lease_seconds) or self.cache_lease_seconds <= 0:
-            raise ConfigurationError(
-                f"{_variable('cache_lease_seconds')}={self.cache_lease_seconds!r} must be a "
-                "positive, finite number of seconds",
-                context={"variable": _variable("cache_lease_seconds")},
-            )
+        for name in ("cache_lease_seconds", "step_deadline_seconds"):
+            _check_seconds(name, getattr(self, name))
         if not math.isfinite(self.retry_backoff_seconds) or self.retry_backoff_seconds < 0:
             raise ConfigurationError(
                 f"{_variable('retry_backoff_seconds')}={self.retry_backoff_seconds!r} must be a "
@@ -264,6 +337,15 @@ def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
         raise ConfigurationError(
             f"{_variable(name)}={value!r} is not one of {', '.join(choices)}",
             context={"variable": _variable(name), "value": value},
+        )
+
+
+def _check_seconds(name: str, value: float) -> None:
+    _check_type(name, value, (int, float))
+    if not math.isfinite(value) or value <= 0:
+        raise ConfigurationError(
+            f"{_variable(name)}={value!r} must be a positive, finite number of seconds",
+            context={"variable": _variable(name)},
         )
 
 

@@ -628,7 +628,8 @@ def test_w4_a_turn_outlasts_its_primarys_failover(provider: Any, api: str) -> No
     """The primary holding a thread, the very node the store's URL names, is killed between
     two turns of a run; a replica takes its place after the node timeout (5 s) and an
     election. The next turn's calls are retried as the settings say (tries 4 s, then 8 s,
-    after the first), and the run ends with every checkpoint and message of both turns.
+    after the first, within a step deadline of 30 s), and the run ends with every
+    checkpoint and message of both turns.
 
     The try 4 s in comes before the failover: a sync retry must read the layout again
     before the try 12 s in (redis-py's sync client last read it when the 4 s try failed).
@@ -642,7 +643,7 @@ def test_w4_a_turn_outlasts_its_primarys_failover(provider: Any, api: str) -> No
     from tests.servers import RedisCluster
 
     cluster = RedisCluster(replicas=1, node_timeout_ms=5000).start()
-    settings = Settings(retry_attempts=3, retry_backoff_seconds=4)
+    settings = Settings(retry_attempts=3, retry_backoff_seconds=4, step_deadline_seconds=30)
     try:
         with open_checkpointer("redis", cluster.url, settings=settings, key_prefix="tkfailover") as saver:
             # a thread whose slot the URL's node serves

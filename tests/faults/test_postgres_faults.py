@@ -164,9 +164,15 @@ def test_w4_postgres_refusing_connections_fails_the_run_and_leaves_nothing_half_
         assert direct.stats("outage")["messages"] == MESSAGES_PER_TURN
 
 
-# COMMAND_TIMEOUT_SECONDS at 2 s: a wait for a server that stopped answering gives up.
+# COMMAND_TIMEOUT_SECONDS at 2 s: a wait for a server that stopped answering gives up. The
+# step deadline leaves room for every attempt, each a bound and a test of the idle
+# connections (tests/faults/test_outages.py holds a step to its deadline).
 MUTE_AFTER_2S = Settings(
-    retry_backoff_seconds=0.05, pool_timeout_seconds=2, connect_timeout_seconds=2, command_timeout_seconds=2
+    retry_backoff_seconds=0.05,
+    pool_timeout_seconds=2,
+    connect_timeout_seconds=2,
+    command_timeout_seconds=2,
+    step_deadline_seconds=60,
 )
 
 

@@ -2,11 +2,12 @@
 
 A dropped connection retries the whole transaction on a fresh connection: ``attempts`` in
 all, waiting ``backoff`` seconds before the second and doubling each time (1 s, then 2 s by
-default). An error that is the server's answer (a login refused, a database missing, a
-privilege lacking, a statement refused: the engine's ``refused`` rule names it) becomes a
-``StorageRefusedError`` at once, named as what it is; anything else, and a connection
-failure that outlasts the attempts, a ``StorageError`` at once: a run fails visibly instead
-of continuing on unsaved state.
+default), all within the step's ``deadline`` (10 s by default): a wait for a connection is
+cut to what is left of it, and no try starts after it. An error that is the server's answer
+(a login refused, a database missing, a privilege lacking, a statement refused: the
+engine's ``refused`` rule names it) becomes a ``StorageRefusedError`` at once, named as what
+it is; anything else, and a connection failure that outlasts the attempts or the deadline,
+a ``StorageError`` at once: a run fails visibly instead of continuing on unsaved state.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import logging
+import math
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
@@ -75,6 +78,9 @@ class RetryPolicy:
         refused: What an exception is when it is the server's refusal, asked before
             ``retryable`` (a refused login is a connection error to some drivers); None
             for anything else.
+        deadline: Seconds one call (a step) may spend on its tries, waits for a connection
+            and backoffs together (``STEP_DEADLINE_SECONDS``); ``None``, no bound but the
+            attempts. A round trip already sent is bounded by the command timeout instead.
     """
 
     attempts: int
@@ -82,21 +88,29 @@ class RetryPolicy:
     retryable: Callable[[BaseException], bool]
     store: str
     refused: Callable[[BaseException], Refusal | None] = _never_refused
+    deadline: float | None = None
 
     def delay_after(
-        self, error: BaseException, attempt: int, *, unconfirmed: bool = False, write: bool = True
+        self,
+        error: BaseException,
+        attempt: int,
+        *,
+        unconfirmed: bool = False,
+        write: bool = True,
+        time_left: float = math.inf,
     ) -> float:
         """How long to wait before try ``attempt + 1`` after ``error`` ended try ``attempt``;
         ``unconfirmed``: a try so far (this one included) ended without an answer, so its
         step may have run, or may still run, on the server; ``write``: the call stores a
         step of a thread (the last error says what became of it). A read's, and a schema
         program's (the format gate, a migration: each one transaction), says nothing of
-        steps.
+        steps. ``time_left``: seconds left of the step's deadline.
 
         Raises:
             ThreadkeepError: ``error`` itself when it is one of ours (a conflict, a refusal).
             StorageRefusedError: the server refused (``refused`` names it): not retried.
-            StorageError: the error is not a dropped connection, or it was the last try.
+            StorageError: the error is not a dropped connection, it was the last try, or
+                the deadline would pass before the next try starts.
         """
         if isinstance(error, ThreadkeepError):
             raise error
@@ -120,6 +134,8 @@ class RetryPolicy:
                 context={"attempts": attempt},
             ) from error
         delay: float = self.backoff * 2 ** (attempt - 1)
+        if delay >= time_left:
+            raise self.out_of_time(error, attempt, unconfirmed=unconfirmed, write=write) from error
         logger.warning(
             "%s connection failed (attempt %s of %s): %s; retrying in %.1f s",
             self.store,
@@ -129,6 +145,20 @@ class RetryPolicy:
             delay,
         )
         return delay
+
+    def out_of_time(
+        self, error: BaseException, attempt: int, *, unconfirmed: bool = False, write: bool = True
+    ) -> StorageError:
+        """The error of a call whose deadline passed, or would pass before its next try,
+        after ``error`` ended try ``attempt`` (raise it ``from error``)."""
+        tries = f"{attempt} attempt{'s' if attempt > 1 else ''}"
+        return StorageError(
+            f"the {self.store} store was unreachable within the step deadline of {self.deadline:g} s"
+            f" (LLM_PROVIDER_CHECKPOINT_STEP_DEADLINE_SECONDS; {tries}):"
+            f" {error}{_outcome(write, unconfirmed)}. Check that the {self.store} server is up and"
+            " reachable; raise the deadline to wait longer for it",
+            context={"attempts": attempt, "deadline_seconds": self.deadline},
+        )
 
 
 def _outcome(write: bool, unconfirmed: bool) -> str:
@@ -145,28 +175,60 @@ def _outcome(write: bool, unconfirmed: bool) -> str:
 
 @dataclass(slots=True)
 class Tries:
-    """One call's tries under ``policy``: how many have failed, and whether one of them may
+    """One call's tries under ``policy``: how many have failed, whether one of them may
     have run its step on the server without answering (``unanswered`` says so of a failed
     try's error: on Postgres, one that came while a round trip that may commit was out; on
-    Redis, a script's reply lost). An engine's sync and
-    async retry loops keep their count here, and learn from :meth:`failed` how long to
-    wait, or that the call has failed for good.
+    Redis, a script's reply lost), and how much of the step's deadline is left (counted
+    from the construction, on ``clock``). An engine's sync and async retry loops keep their
+    count here, bound their waits for a connection with :meth:`wait`, and learn from
+    :meth:`failed` how long to wait, or that the call has failed for good.
     """
 
     policy: RetryPolicy
     write: bool
     unanswered: Callable[[BaseException], bool]
+    clock: Callable[[], float] = time.monotonic
     failures: int = field(default=0, init=False)
     unconfirmed: bool = field(default=False, init=False)
+    started: float = field(default=0.0, init=False)
+    last: BaseException | None = field(default=None, init=False)
+
+    def __post_init__(self) -> None:
+        self.started = self.clock()
 
     @property
     def first(self) -> bool:
         """Whether no try has failed yet."""
         return self.failures == 0
 
+    def time_left(self) -> float:
+        """Seconds left of the step's deadline (infinite without one)."""
+        if self.policy.deadline is None:
+            return math.inf
+        return self.started + self.policy.deadline - self.clock()
+
+    def wait(self, seconds: float) -> float:
+        """How long a try may wait for a connection: ``seconds``, cut to what is left of
+        the deadline.
+
+        Raises:
+            StorageError: a try failed and the deadline has passed since (the engine's work
+                between two tries, a test of its idle connections, took what was left).
+        """
+        left = self.time_left()
+        if left <= 0 and self.last is not None:
+            raise self.policy.out_of_time(
+                self.last, self.failures, unconfirmed=self.unconfirmed, write=self.write
+            ) from self.last
+        return max(min(seconds, left), 0.01)
+
     def failed(self, error: BaseException) -> float:
         """Count a failed try: the seconds to wait before the next (raises as
-        :meth:`RetryPolicy.delay_after` does, with what the tries so far tell)."""
+        :meth:`RetryPolicy.delay_after` does, with what the tries so far tell, and when the
+        deadline would pass before the next try)."""
         self.failures += 1
+        self.last = error
         self.unconfirmed = self.unconfirmed or self.unanswered(error)
-        return self.policy.delay_after(error, self.failures, unconfirmed=self.unconfirmed, write=self.write)
+        return self.policy.delay_after(
+            error, self.failures, unconfirmed=self.unconfirmed, write=self.write, time_left=self.time_left()
+        )

@@ -66,6 +66,7 @@ def _engine(settings: Settings, **options: Any) -> PostgresEngine:
             retryable=is_connection_error,
             store="postgres",
             refused=refusal,
+            deadline=settings.step_deadline_seconds,
         ),
         options=PoolOptions(
             min_size=options.get("min_size", settings.pool_min_size),

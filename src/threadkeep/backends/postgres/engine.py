@@ -11,8 +11,12 @@ the retry policy says (SPEC W4); what the server refuses (a login, a database, a
 a statement: :func:`refusal`) is raised at once, and a try that failed leaves its connection
 to the pool only if nothing on it changed (:func:`_reusable`). The pools check a
 connection before lending it without a round trip (a backend the server already closed is
-replaced rather than used), and after a failure every idle connection is tested with one, so a
-server restart costs one retry, not one per pooled connection.
+replaced rather than used), and at the first dead one, and after a failure, every idle
+connection is tested with one, so a server restart costs no retry, not one per pooled
+connection. A step's waits for a connection and its retries end at the policy's deadline
+(``STEP_DEADLINE_SECONDS``), and an owned pool gives up a connection it cannot open at once
+(:data:`_RECONNECT_SECONDS`): the first step after an outage is served as soon as the server
+answers, not after a reconnection backoff.
 
 There is no lock around the engine: concurrent calls run on separate connections, and two
 writers of one thread queue on that thread's row lock inside Postgres. On an async pool the
@@ -28,6 +32,7 @@ import asyncio
 import contextvars
 import functools
 import logging
+import math
 import re
 import threading
 import time
@@ -77,6 +82,43 @@ async def check_alive_async(conn: psycopg.AsyncConnection[Any]) -> None:
     pgconn.consume_input()
     if conn.closed or pgconn.status != psycopg.pq.ConnStatus.OK:
         raise psycopg.OperationalError("the pooled connection was closed by the server")
+
+
+@dataclass(slots=True)
+class _Checked:
+    """An owned sync pool's ``check``: :func:`check_alive`, and at the first dead connection
+    found, a test of every idle one (``pool.check()``, each bounded), so that the next
+    checkout gets a live connection or waits for a new one. psycopg_pool sleeps between
+    failed checks of one checkout, 1 s, 2 s, 4 s ...: after a server restart or an outage,
+    a pool holding a few dead connections would make the first call wait out those sleeps
+    (and, under the step deadline, fail)."""
+
+    pool: ConnectionPool | None = None
+
+    def __call__(self, conn: psycopg.Connection[Any]) -> None:
+        try:
+            check_alive(conn)
+        except psycopg.OperationalError:
+            if self.pool is not None:
+                with checks_bounded():
+                    self.pool.check()
+            raise
+
+
+@dataclass(slots=True)
+class _CheckedAsync:
+    """:class:`_Checked` for an async pool."""
+
+    pool: AsyncConnectionPool | None = None
+
+    async def __call__(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        try:
+            await check_alive_async(conn)
+        except psycopg.OperationalError:
+            if self.pool is not None:
+                with checks_bounded():
+                    await self.pool.check()
+            raise
 
 
 def is_connection_error(error: BaseException) -> bool:
@@ -175,7 +217,8 @@ class PoolOptions:
     Attributes:
         min_size: Connections kept open.
         max_size: Connections at most, per pool.
-        timeout: Seconds a call waits for a free connection before it fails (and retries).
+        timeout: Seconds a call waits for a free connection before it fails (and retries), at
+            most what is left of the retry policy's deadline.
         connect_timeout: Seconds a new connection may take.
         command_timeout: Seconds a connection waits for the server's answer before a cancel
             is sent, the connection closed and the step retried on a new one
@@ -214,6 +257,16 @@ class PlannedOnce:
 
 
 _NONE_PLANNED: Final = PlannedOnce()
+
+# How long an owned pool keeps trying, in the background, to open a connection it lost or
+# could not open (psycopg_pool's ``reconnect_timeout``, 5 minutes by default). Its tries back
+# off exponentially (1 s, 2 s, 4 s, ...), and meanwhile the pool counts the connection as
+# being opened and opens no other for the calls waiting: after an outage of a minute and a
+# half, the first call once the server was back waited 24-29 s for a try due then. At zero,
+# a pool gives up on a connection it cannot open at once (it tries twice), and opens one
+# again when a call waits for one: every call is a try, with no backoff outlasting an outage.
+# Between calls a pool may hold fewer than POOL_MIN_SIZE connections until one needs them.
+_RECONNECT_SECONDS: Final = 0.0
 
 
 class PostgresEngine:
@@ -290,6 +343,7 @@ class PostgresEngine:
             "min_size": self.options.min_size,
             "max_size": self.options.max_size,
             "timeout": self.options.timeout,
+            "reconnect_timeout": _RECONNECT_SECONDS,
             "kwargs": self._connection_kwargs(),
             "open": False,
         }
@@ -304,7 +358,9 @@ class PostgresEngine:
     # callers using a pool still opening took its connections as they came, so that it never
     # counted as ready and closed itself when the wait timed out. A pool that cannot open in
     # time closes itself and raises PoolTimeout: nothing is published, the call is retried.
-    def _sync_pool(self) -> ConnectionPool:
+    def _sync_pool(self, wait: float | None = None) -> ConnectionPool:
+        """The sync pool; opening it waits up to ``wait`` seconds (default: the pool timeout)
+        for its connections."""
         self._refuse_if_closed()
         if self._given_pool is not None:
             return self._given_pool
@@ -314,13 +370,14 @@ class PostgresEngine:
                 self._refuse_if_closed()
                 pool = self._pool
                 if pool is None:
-                    pool = ConnectionPool(
+                    checked = _Checked()
+                    pool = checked.pool = ConnectionPool(
                         self.conninfo,
-                        check=check_alive,
+                        check=checked,
                         name="threadkeep",
                         **self._pool_kwargs(asynchronous=False),
                     )
-                    pool.open(wait=True, timeout=self.options.timeout)
+                    pool.open(wait=True, timeout=wait or self.options.timeout)
                     # Published, then the flag read: close() sets the flag, then takes the
                     # pool. So a close() meanwhile (which does not wait for this open) either
                     # takes this pool or leaves it to be closed here; closing it twice is safe.
@@ -331,7 +388,9 @@ class PostgresEngine:
                         self._refuse_if_closed()
         return pool
 
-    async def _async_pool(self) -> AsyncConnectionPool:
+    async def _async_pool(self, wait: float | None = None) -> AsyncConnectionPool:
+        """The running loop's pool; opening it waits up to ``wait`` seconds (default: the
+        pool timeout)."""
         self._refuse_if_closed()
         if self._given_async_pool is not None:
             return self._given_async_pool
@@ -341,13 +400,14 @@ class PostgresEngine:
             async with self._opening_async.setdefault(loop, asyncio.Lock()):
                 pool = self._async_pools.get(loop)
                 if pool is None:
-                    pool = AsyncConnectionPool(
+                    checked_async = _CheckedAsync()
+                    pool = checked_async.pool = AsyncConnectionPool(
                         self.conninfo,
-                        check=check_alive_async,
+                        check=checked_async,
                         name="threadkeep-async",
                         **self._pool_kwargs(asynchronous=True),
                     )
-                    await pool.open(wait=True, timeout=self.options.timeout)
+                    await pool.open(wait=True, timeout=wait or self.options.timeout)
                     self._async_pools.publish(loop, pool)
                     # Published, then the flag read, as in _sync_pool: a close() from another
                     # thread meanwhile either finds this pool (and has its closer close it in
@@ -364,12 +424,13 @@ class PostgresEngine:
         each statement sees its own snapshot either way, and a one-statement read then costs
         one round trip)."""
         prepare = self._preparing[write]
-        return self._retrying(
-            lambda in_flight: self._once(
-                make, self._sync_pool().connection(), write and atomic, prepare, in_flight
-            ),
-            write,
-        )
+
+        def attempt(in_flight: _InFlight, tries: Tries) -> T:
+            pool = self._sync_pool(tries.wait(self.options.timeout))
+            connection = pool.connection(timeout=tries.wait(pool.timeout))
+            return self._once(make, connection, write and atomic, prepare, in_flight)
+
+        return self._retrying(attempt, write)
 
     def setup(self, make: ProgramFactory[T]) -> T:
         """Like :meth:`run`, on a short-lived connection: the format gate and migrations run
@@ -377,15 +438,18 @@ class PostgresEngine:
         sync pool)."""
         prepare = self._preparing[False]
         return self._retrying(
-            lambda in_flight: self._once(make, self.connect(), True, prepare, in_flight), False
+            lambda in_flight, tries: self._once(
+                make, self.connect(tries.wait(self.options.connect_timeout)), True, prepare, in_flight
+            ),
+            False,
         )
 
-    def _retrying(self, attempt: Callable[[_InFlight], T], write: bool) -> T:
+    def _retrying(self, attempt: Callable[[_InFlight, Tries], T], write: bool) -> T:
         in_flight = _InFlight()
         tries = Tries(self.retry, write, in_flight)
         while True:
             try:
-                return attempt(in_flight)
+                return attempt(in_flight, tries)
             except Exception as error:
                 self._refuse_if_closed()  # closed meanwhile: say so, not what the closing broke
                 delay = tries.failed(error)
@@ -435,7 +499,7 @@ class PostgresEngine:
         prepare = self._preparing[write]
         while True:
             try:
-                pool = await self._async_pool()
+                pool = await self._async_pool(tries.wait(self.options.timeout))
                 program = _round_trips(make(), write and atomic, in_flight)
                 try:
                     request = next(program)
@@ -451,7 +515,7 @@ class PostgresEngine:
                         except StopIteration as stop:
                             return stop.value  # type: ignore[no-any-return]
                 in_flight.spoilt = False
-                async with pool.connection() as conn:
+                async with pool.connection(timeout=tries.wait(pool.timeout)) as conn:
                     try:
                         return await drive_async(
                             program, partial(_send_async_tracked, conn, prepare, in_flight), request
@@ -482,15 +546,22 @@ class PostgresEngine:
         loop = asyncio.get_running_loop()
         coalescer = self._coalescers.get(loop)
         if coalescer is None:
+            # Its pool waits are bounded by the deadline too: it serves first tries only.
+            wait = min(self.options.timeout, self.retry.deadline or math.inf)
             coalescer = self._coalescers[loop] = _Coalescer(
-                self._async_pool, self.options.command_timeout, self._shared_flush
+                partial(self._async_pool, wait), wait, self.options.command_timeout, self._shared_flush
             )
         return coalescer
 
-    def connect(self) -> psycopg.Connection[Any]:
-        """One short-lived connection, closed when its ``with`` block ends."""
+    def connect(self, timeout: float | None = None) -> psycopg.Connection[Any]:
+        """One short-lived connection, closed when its ``with`` block ends; opening it may
+        take ``timeout`` seconds (default: the connect timeout; libpq counts whole seconds,
+        at least 2)."""
         self._refuse_if_closed()
-        return psycopg.connect(self.conninfo, **self._connection_kwargs())
+        kwargs = self._connection_kwargs()
+        if timeout is not None:
+            kwargs["connect_timeout"] = max(math.ceil(timeout), 1)
+        return psycopg.connect(self.conninfo, **kwargs)
 
     def close(self) -> None:
         """Close the pools this engine opened; pools it was given stay open. The engine
@@ -1076,10 +1147,12 @@ class _Coalescer:
     def __init__(
         self,
         pool: Callable[[], Awaitable[AsyncConnectionPool]],
+        wait: float,
         deadline: float | None,
         shared_flush: _SharedFlush,
     ) -> None:
         self.pool = pool  # the loop's pool at each pipeline (a closed one is replaced)
+        self.wait = wait  # how long a pipeline waits for a connection
         self.deadline = deadline  # the owned pool's command timeout (deadline.py)
         self.shared_flush = shared_flush
         self.waiting: list[_Waiting] = []
@@ -1127,7 +1200,7 @@ class _Coalescer:
         sent: list[tuple[_Waiting, _Shape]] = []
         try:
             pool = await self.pool()
-            async with pool.connection() as conn:
+            async with pool.connection(timeout=self.wait) as conn:
                 try:
                     pipeline = wire.WirePipeline(conn)
                     writes = [waiting.prepare for waiting in batch if waiting.prepare.write]

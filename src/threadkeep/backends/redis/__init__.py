@@ -188,6 +188,7 @@ def open_redis_backend(settings: Settings, *, gate: bool = True, **options: Any)
             retryable=is_connection_error,
             store="redis",
             refused=refusal,
+            deadline=settings.step_deadline_seconds,
         ),
         cluster=options.get("cluster"),
         client=client,
