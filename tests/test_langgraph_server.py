@@ -464,6 +464,10 @@ async def test_langgraph_dev_with_custom_auth_keeps_users_apart(tmp_path: Path, 
         await _double_texting(server, alice)
         owners = {row[0] for row in store.rows("SELECT owner FROM tk_threads")}
         assert owners == {"alice", "bob"}
+        # The user the handler authenticated wins over a user_id the client merges into the
+        # state read's config.
+        named = await alice.threads.get_state(alices_copy, checkpoint={"checkpoint_ns": "", "user_id": "bob"})
+        assert named["values"]["log"] == ["hi", "work:", "answer:yes"]
         # A custom route serves no request of the API: it acts for no user, and neither reads
         # nor deletes a user's thread.
         stored = store.checkpoints(alices_copy)
