@@ -62,7 +62,7 @@ RUNS_REMEMBERED: Final = 10_000
 
 def act_for(user: object) -> None:
     """Make the rest of the current request act for ``user``: the server's reads, deletes and
-    copies in it, which carry no user of their own.
+    copies in it, which carry no user of their own (while :func:`checkpointer` is open).
 
     Call it from the ``@auth.authenticate`` handler of LangGraph's custom auth (an ``async``
     handler: the server runs a sync one in a worker thread, whose context does not reach the
