@@ -8,7 +8,9 @@ and the machine, ``bench.environment``):
   Postgres and Redis (``--freeze-gc`` runs each throughput measurement after ``gc.freeze()``);
 - ``tiered [--runs N] [--conversations 32] [--conversation-turns 10]`` (its one length);
 - ``calls [--runs N] [--conversation-turns 10]`` (its one length);
-- ``sweep [--runs N] [--threads 100000]``.
+- ``sweep [--runs N] [--threads 100000]``;
+- ``startup [--runs N] [--conversation-turns 10]`` (its one length): opening a saver and its
+  first load, each run in new processes (``--runs`` defaults to 15 here).
 
 From the results files in ``--results`` (``bench/results``), without measuring anything:
 
@@ -31,7 +33,9 @@ from typing import Any
 from bench import environment, figures, page
 from bench.stored import RESULTS, RUN
 
-MEASURING = ("conversation", "servers", "tiered", "sweep", "calls")
+MEASURING = ("conversation", "servers", "tiered", "sweep", "calls", "startup")
+# Runs per measurement when --runs is not given.
+RUNS = {"startup": 15}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -42,7 +46,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "suite", nargs="?", default="conversation", choices=[*MEASURING, "page", "plot", "env"]
     )
-    parser.add_argument("--runs", type=int, default=3, help="runs per measurement; the median is kept")
+    parser.add_argument(
+        "--runs", type=int, help="runs per measurement; the median is kept (default 3; startup: 15)"
+    )
     parser.add_argument("--turns", default="5,10,20,40", help="conversation lengths K to measure")
     parser.add_argument("--json", type=Path, help="also write the raw results here")
     parser.add_argument(
@@ -62,6 +68,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--plot", action="store_true", help="then draw the figures from --results")
     parser.add_argument("--check", action="store_true", help="page: exit 1 if docs/benchmarks.md is stale")
     args = parser.parse_args(argv)
+    if args.runs is None:
+        args.runs = RUNS.get(args.suite, 3)
     status = 0
     if args.suite == "page":
         status = page.main(check=args.check, folder=args.results)
@@ -87,6 +95,10 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     """Run the benchmark ``args.suite``; its results."""
     turns = tuple(int(k) for k in args.turns.split(","))
     lengths = tuple(int(n) for n in args.conversation_turns.split(","))
+    if args.suite == "startup":
+        from bench import startup
+
+        return startup.main(runs=args.runs, turns=lengths[0])
     if args.suite == "calls":
         from bench import calls
 

@@ -31,6 +31,7 @@ COMMANDS = {
     "tiered-40.json": "./dev bench tiered --runs 3 --conversation-turns 40"
     " --json bench/results/tiered-40.json",
     "sweep.json": "./dev bench sweep --runs 3 --threads 100000 --json bench/results/sweep.json",
+    "startup.json": "./dev bench startup --runs 15 --json bench/results/startup.json",
 }
 # What "better" and "worse" are called for each kind of figure; "rate" is the one where more is better.
 WORDS = {
@@ -249,6 +250,19 @@ def sweep(results: dict[str, Any]) -> list[str]:
     return out
 
 
+def startup(results: dict[str, Any]) -> list[str]:
+    rows: list[Row] = [
+        ("import (ms)", get("import"), "time"),
+        ("open (ms)", get("open"), "time"),
+        ("first load (ms)", get("first_load"), "time"),
+        ("open + first load (ms)", get("open_first_load"), "time"),
+    ]
+    runs = results.get(RUN, {}).get("args", {}).get("runs")
+    each = f", the median of {runs} processes each" if runs else ""
+    out = [f"In a new process{each}, against LangGraph's `AsyncPostgresSaver`:", ""]
+    return out + compare(results, rows, against(["threadkeep-postgres"], "langgraph-postgres"))
+
+
 def environment(folder: Path) -> list[str]:
     """One row per recorded property; a value that differs between files names the files."""
     seen: dict[str, dict[str, list[str]]] = {}
@@ -285,6 +299,7 @@ BLOCKS: dict[str, tuple[tuple[str, ...], Callable[[dict[str, Any]], list[str]]]]
     "calls": (("calls.json",), calls),
     "tiered": (("tiered-10.json", "tiered-40.json"), tiered),
     "sweep": (("sweep.json",), sweep),
+    "startup": (("startup.json",), startup),
 }
 
 

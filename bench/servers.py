@@ -48,6 +48,7 @@ from langgraph.checkpoint.base import (
     CheckpointMetadata,
     CheckpointTuple,
 )
+from psycopg.conninfo import make_conninfo
 from psycopg_pool import AsyncConnectionPool
 
 from bench.timing import instrument, median_ms, percentile_ms
@@ -136,16 +137,55 @@ class LiveObjects:
 
 
 @asynccontextmanager
-async def open_store(name: str) -> AsyncIterator[Store]:
-    """A fresh store, in its own Postgres schema or under its own Redis key prefix."""
+async def fresh_schema() -> AsyncIterator[tuple[str, str]]:
+    """A new Postgres schema of our own and a connection string whose ``search_path`` is it;
+    the schema is dropped on exit."""
     schema = f"tk_bench_{uuid.uuid4().hex[:10]}"
-    prefix = f"tkb{uuid.uuid4().hex[:8]}"
     async with await psycopg.AsyncConnection.connect(POSTGRES, autocommit=True) as admin:
         await admin.execute(f"CREATE SCHEMA {schema}")
-        # The previous store's rows and dropped schema are flushed now, not while this one
-        # is measured (a checkpoint in the middle of a cold load made it 1.5x slower).
+    try:
+        await flush()
+        yield schema, f"{POSTGRES} options='-c search_path={schema}'"
+    finally:
+        async with await psycopg.AsyncConnection.connect(POSTGRES, autocommit=True) as admin:
+            await admin.execute(f"DROP SCHEMA {schema} CASCADE")
+
+
+@asynccontextmanager
+async def fresh_database() -> AsyncIterator[tuple[str, str]]:
+    """A new Postgres database of our own, its ``public`` schema and a connection string to
+    it; the database is dropped on exit. Unlike a schema in a shared database, what other
+    clients of the server do in their databases (their advisory locks) cannot reach it."""
+    database = f"tk_bench_{uuid.uuid4().hex[:10]}"
+    async with await psycopg.AsyncConnection.connect(POSTGRES, autocommit=True) as admin:
+        await admin.execute(f"CREATE DATABASE {database}")
+    try:
+        await flush()
+        yield "public", make_conninfo(POSTGRES, dbname=database)
+    finally:
+        async with await psycopg.AsyncConnection.connect(POSTGRES, autocommit=True) as admin:
+            await admin.execute(f"DROP DATABASE {database} WITH (FORCE)")
+
+
+async def flush() -> None:
+    """A Postgres ``CHECKPOINT``: what was written and dropped before is flushed now, not while
+    the next store is measured (a checkpoint in the middle of a cold load made it 1.5x slower)."""
+    async with await psycopg.AsyncConnection.connect(POSTGRES, autocommit=True) as admin:
         await admin.execute("CHECKPOINT")
-    dsn = f"{POSTGRES} options='-c search_path={schema}'"
+
+
+@asynccontextmanager
+async def open_store(name: str) -> AsyncIterator[Store]:
+    """A fresh store, in its own Postgres schema or under its own Redis key prefix."""
+    async with fresh_schema() as (schema, dsn), open_store_in(name, schema, dsn) as store:
+        yield store
+
+
+@asynccontextmanager
+async def open_store_in(name: str, schema: str, dsn: str) -> AsyncIterator[Store]:
+    """The store ``name`` in ``schema`` (``dsn`` is its connection string, from :func:`fresh_schema`),
+    or under a Redis key prefix of its own."""
+    prefix = f"tkb{uuid.uuid4().hex[:8]}"
     closers: list[Callable[[], Any]] = []
     try:
         if name == "langgraph-postgres":
@@ -162,11 +202,11 @@ async def open_store(name: str) -> AsyncIterator[Store]:
             closers.append(pool.close)
             saver: Any = AsyncPostgresSaver(pool)  # type: ignore[arg-type]
             await saver.setup()
-            yield Store(saver, schema, ["checkpoints", "checkpoint_blobs", "checkpoint_writes"])
+            yield Store(saver, schema, ["checkpoints", "checkpoint_blobs", "checkpoint_writes"], conninfo=dsn)
         elif name in PG_SETTINGS:
             saver = open_checkpointer("postgres", dsn, settings=PG_SETTINGS[name])
             closers.append(saver.aclose)
-            yield Store(saver, schema, list(THREADKEEP_TABLES))
+            yield Store(saver, schema, list(THREADKEEP_TABLES), conninfo=dsn)
         elif name == "threadkeep-tiered":
             saver = open_checkpointer(
                 "tiered",
@@ -176,7 +216,7 @@ async def open_store(name: str) -> AsyncIterator[Store]:
             )
             closers.append(saver.aclose)
             closers.append(lambda: _redis_drop(prefix))
-            yield Store(saver, schema, list(THREADKEEP_TABLES), prefix=prefix)
+            yield Store(saver, schema, list(THREADKEEP_TABLES), prefix=prefix, conninfo=dsn)
         elif name == "threadkeep-redis":
             saver = open_checkpointer("redis", REDIS, settings=Settings(), key_prefix=prefix)
             closers.append(saver.aclose)
@@ -207,7 +247,7 @@ async def open_store(name: str) -> AsyncIterator[Store]:
                     row = await cursor.fetchone()
                     return None if row is None else row[0]
 
-            yield Store(FloorSaver(write, read), schema, ["floor"])
+            yield Store(FloorSaver(write, read), schema, ["floor"], conninfo=dsn)
         elif name == "floor-redis":
             import redis.asyncio
 
@@ -233,24 +273,24 @@ async def open_store(name: str) -> AsyncIterator[Store]:
             result = close()
             if asyncio.iscoroutine(result):
                 await result
-        async with await psycopg.AsyncConnection.connect(POSTGRES, autocommit=True) as admin:
-            await admin.execute(f"DROP SCHEMA {schema} CASCADE")
 
 
 @dataclass
 class Store:
-    """A store under test: its saver, and where its bytes live (Postgres tables or Redis keys)."""
+    """A store under test: its saver, and where its bytes live (Postgres tables, in the
+    database ``conninfo`` names, or Redis keys)."""
 
     saver: Any
     schema: str = ""
     tables: list[str] = field(default_factory=list)
     prefix: str = ""
+    conninfo: str = POSTGRES
 
     async def size(self) -> int:
         """Bytes stored: ``pg_total_relation_size`` of the tables, or ``MEMORY USAGE`` of the keys."""
         if not self.schema:
             return await _redis_bytes(self.prefix)
-        async with await psycopg.AsyncConnection.connect(POSTGRES, autocommit=True) as conn:
+        async with await psycopg.AsyncConnection.connect(self.conninfo, autocommit=True) as conn:
             total = 0
             for table in self.tables:
                 cursor = await conn.execute("SELECT pg_total_relation_size(%s)", (f"{self.schema}.{table}",))
@@ -259,7 +299,7 @@ class Store:
 
     async def analyze(self) -> None:
         """Give Postgres statistics on the tables, as autovacuum would in a store in service."""
-        async with await psycopg.AsyncConnection.connect(POSTGRES, autocommit=True) as conn:
+        async with await psycopg.AsyncConnection.connect(self.conninfo, autocommit=True) as conn:
             for table in self.tables:
                 await conn.execute(f"ANALYZE {self.schema}.{table}")
 

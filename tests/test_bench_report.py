@@ -87,4 +87,36 @@ def test_a_run_records_its_command_and_machine_and_the_page_shows_them(
     text = copy.read_text()
     assert f"./dev bench conversation --runs 1 --turns 1,2 --json {written}" in text
     assert "| bytes after 2 turns |" in text
-    assert f"| python | {platform.python_version()} (conversation.json) |" in text
+    python = next(line for line in text.splitlines() if line.startswith("| python |"))
+    assert f"| python | {platform.python_version()} (conversation.json" in python
+
+
+def test_the_startup_table_compares_each_figure_with_async_postgres_saver(copies: tuple[Path, Path]) -> None:
+    copy, results = copies
+    ours = {"import": 800.0, "open": 56.0, "first_load": 8.0, "open_first_load": 64.0}
+    theirs = {"import": 400.0, "open": 4.0, "first_load": 3.0, "open_first_load": 7.0}
+    run = {"command": "./dev bench startup --runs 5", "args": {"runs": 5}}
+    (results / "startup.json").write_text(
+        json.dumps({"threadkeep-postgres": ours, "langgraph-postgres": theirs, "_run": run})
+    )
+    page.main(page=copy, folder=results)
+    text = copy.read_text()
+    assert "./dev bench startup --runs 5\n" in text
+    assert "In a new process, the median of 5 processes each, against" in text
+    assert "| import (ms) | 2.00x slower (800) | 400 |" in text
+    assert "| open (ms) | 14.0x slower (56.0) | 4.00 |" in text
+    assert "| first load (ms) | 2.67x slower (8.00) | 3.00 |" in text
+    assert "| open + first load (ms) | 9.14x slower (64.0) | 7.00 |" in text
+
+
+@pytest.mark.postgres
+def test_a_startup_run_times_each_saver_in_processes_of_its_own(tmp_path: Path) -> None:
+    written = tmp_path / "startup.json"
+    assert main(["startup", "--runs", "1", "--conversation-turns", "1", "--json", str(written)]) == 0
+
+    results = json.loads(written.read_text())
+    assert results["_run"]["args"]["runs"] == 1
+    for name in ("threadkeep-postgres", "langgraph-postgres"):
+        figures = results[name]
+        assert all(figures[key] > 0 for key in ("import", "open", "first_load"))
+        assert figures["open_first_load"] == pytest.approx(figures["open"] + figures["first_load"])

@@ -78,9 +78,11 @@ graph = builder.compile()
 """
 
 # The auth handler of LangGraph's docs: the bearer token names the user, and every thread is
-# tagged with its owner and filtered by it.
+# tagged with its owner and filtered by it. It tells threadkeep whom the request acts for.
 AUTH = """
 from langgraph_sdk import Auth
+
+from threadkeep.langgraph import act_for
 
 auth = Auth()
 
@@ -89,7 +91,9 @@ auth = Auth()
 async def authenticate(authorization: str | None) -> str:
     if not authorization or not authorization.startswith("Bearer "):
         raise Auth.exceptions.HTTPException(status_code=401, detail="no token")
-    return authorization.removeprefix("Bearer ")
+    user = authorization.removeprefix("Bearer ")
+    act_for(user)
+    return user
 
 
 @auth.on
@@ -98,6 +102,38 @@ async def owner_only(ctx: Auth.types.AuthContext, value: dict) -> dict:
     if isinstance(value, dict):
         value.setdefault("metadata", {}).update(filters)
     return filters
+"""
+
+# A custom route (``http.app``): server code that serves no request of LangGraph's API, calling
+# threadkeep on the server's store.
+WEBAPP = """
+import asyncio
+
+from starlette.applications import Starlette
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+from threadkeep import StorageForbiddenError, open_checkpointer
+
+
+async def thread(request):
+    thread_id = request.path_params["thread_id"]
+    saver = await asyncio.to_thread(open_checkpointer)
+    try:
+        if request.method == "DELETE":
+            try:
+                await saver.adelete_thread(thread_id)
+            except StorageForbiddenError:
+                return JSONResponse({"deleted": False}, status_code=403)
+            return JSONResponse({"deleted": True})
+        found = await saver.aget_tuple({"configurable": {"thread_id": thread_id, "checkpoint_ns": ""}})
+        history = [t async for t in saver.alist({"configurable": {"thread_id": thread_id}})]
+        return JSONResponse({"found": found is not None, "history": len(history)})
+    finally:
+        await saver.aclose()
+
+
+app = Starlette(routes=[Route("/custom/threads/{thread_id}", thread, methods=["GET", "DELETE"])])
 """
 
 
@@ -187,6 +223,8 @@ def langgraph_dev(tmp_path: Path, store: Store, *, auth: bool) -> Iterator[Serve
     if auth:
         (app / "auth.py").write_text(AUTH)
         config["auth"] = {"path": "./auth.py:auth"}
+        (app / "webapp.py").write_text(WEBAPP)
+        config["http"] = {"app": "./webapp.py:app"}
     (app / "langgraph.json").write_text(json.dumps(config))
     port = free_port()
     env = {
@@ -375,6 +413,32 @@ async def _double_texting(server: Server, client: Any) -> None:
     assert store.run_checkpoints(second["run_id"]) > 0
     assert (await client.threads.get_state(thread))["values"]["log"] == ["second", "work:"]
 
+    # rollback of a run a client is streaming: the server keeps the run until its worker stops
+    # it, and the worker deletes its checkpoints outside any request.
+    thread = (await client.threads.create())["thread_id"]
+    stream = client.runs.stream(
+        thread, "agent", input={"log": ["first"], "gate": "streamed"}, stream_mode="values"
+    )
+    metadata = await anext(stream)
+    assert metadata.event == "metadata"
+    first = metadata.data["run_id"]
+    drained = asyncio.create_task(_drain(stream))
+    await server.started("streamed")
+    await _until(lambda: store.run_checkpoints(first) > 0, "the streamed run's checkpoints")
+    second = await client.runs.create(
+        thread, "agent", input={"log": ["second"], "gate": ""}, multitask_strategy="rollback"
+    )
+    assert (await _finish(client, thread, second["run_id"]))["status"] == "success"
+    server.open_gate("streamed")
+    await asyncio.wait_for(drained, WAIT)
+    await _until(lambda: store.run_checkpoints(first) == 0, "the rolled-back run's checkpoints to go")
+    assert (await client.threads.get_state(thread))["values"]["log"] == ["second", "work:"]
+
+
+async def _drain(stream: Any) -> None:
+    async for _ in stream:
+        pass
+
 
 async def test_langgraph_dev_with_default_settings(tmp_path: Path, store: Store) -> None:
     with langgraph_dev(tmp_path, store, auth=False) as server:
@@ -400,3 +464,15 @@ async def test_langgraph_dev_with_custom_auth_keeps_users_apart(tmp_path: Path, 
         await _double_texting(server, alice)
         owners = {row[0] for row in store.rows("SELECT owner FROM tk_threads")}
         assert owners == {"alice", "bob"}
+        # The user the handler authenticated wins over a user_id the client merges into the
+        # state read's config.
+        named = await alice.threads.get_state(alices_copy, checkpoint={"checkpoint_ns": "", "user_id": "bob"})
+        assert named["values"]["log"] == ["hi", "work:", "answer:yes"]
+        # A custom route serves no request of the API: it acts for no user, and neither reads
+        # nor deletes a user's thread.
+        stored = store.checkpoints(alices_copy)
+        async with httpx.AsyncClient(base_url=server.url, timeout=WAIT) as http:
+            assert (await http.get(f"/custom/threads/{alices_copy}")).json() == {"found": False, "history": 0}
+            refused = await http.delete(f"/custom/threads/{alices_copy}")
+        assert refused.status_code == 403
+        assert store.checkpoints(alices_copy) == stored

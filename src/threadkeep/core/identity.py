@@ -8,13 +8,13 @@ A thread belongs to the user who first wrote it. A call acts for, in order:
    has) or that dict's ``"identity"``;
 2. else, outside any :func:`user_scope`, the user the ambient scope names while an
    :func:`ambient_scope` source is open: in LangGraph's server (:mod:`threadkeep.langgraph`),
-   the user of the request or run the server is serving. It comes before ``user_id``: the
-   server merges fields of a client's request into the config, and a client must not act as
-   another user by naming one;
+   the user its custom auth handler named for the request being served. It comes before
+   ``user_id``: the server merges fields of a client's request into the config, and a client
+   must not act as another user by naming one;
 3. else ``config["configurable"]["user_id"]``;
 4. else the user of the enclosing :func:`user_scope`;
-5. else, outside any scope, the ambient scope's operator (the server's own work outside any
-   request), or ``"anonymous"`` (:data:`ANONYMOUS`).
+5. else, outside any scope, the ambient scope's operator (when its source returns
+   :data:`OPERATOR`), or ``"anonymous"`` (:data:`ANONYMOUS`).
 
 An empty id (``""`` or ``None``: LangGraph's server sends ``user_id: ""`` without auth, and an
 unauthenticated user's identity is ``""``) is no id: the next source decides. The server's
