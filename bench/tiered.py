@@ -83,34 +83,13 @@ def _reading(method: Callable[..., Any]) -> Callable[..., Any]:
 
 @contextmanager
 def counting_statements() -> Iterator[StatementCount]:
-    """Count every statement any async psycopg cursor sends while the block runs.
-
-    threadkeep's Postgres engine sends concurrent calls' first round trips together, from a
-    task of its own: those statements are counted when each call hands its round trip over,
-    in that call's context, as the engine will send them (its lock wait bound before a
-    write, a planned read's settings before it), and not again at the cursor."""
-    from threadkeep.backends.postgres import engine
-    from threadkeep.core.program import Sql
-
+    """Count every statement any async psycopg cursor sends while the block runs."""
     counts = StatementCount()
     execute, executemany = psycopg.AsyncCursor.execute, psycopg.AsyncCursor.executemany
-    send = engine._Coalescer.send
 
     async def counted_execute(self: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
-        task = asyncio.current_task()
-        if task is None or task.get_name() != engine._FLUSH_TASK:
-            counts.count(query)
+        counts.count(query)
         return await execute(self, query, *args, **kwargs)
-
-    async def counted_send(self: Any, statements: Any, prepare: Any) -> Any:
-        sent = [statement.sql for statement in engine._inside(statements) if isinstance(statement, Sql)]
-        if len(sent) == 1 and sent[0] in prepare.planned.statements:
-            sent.insert(0, prepare.planned.settings)
-        if prepare.write:
-            sent.insert(0, engine._BOUND_LOCK_WAITS)
-        for sql in sent:
-            counts.count(sql)
-        return await send(self, statements, prepare)
 
     async def counted_executemany(self: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
         counts.count(query)
@@ -118,13 +97,11 @@ def counting_statements() -> Iterator[StatementCount]:
 
     psycopg.AsyncCursor.execute = counted_execute  # type: ignore[method-assign]
     psycopg.AsyncCursor.executemany = counted_executemany  # type: ignore[method-assign]
-    engine._Coalescer.send = counted_send  # type: ignore[method-assign]
     try:
         yield counts
     finally:
         psycopg.AsyncCursor.execute = execute  # type: ignore[method-assign]
         psycopg.AsyncCursor.executemany = executemany  # type: ignore[method-assign]
-        engine._Coalescer.send = send  # type: ignore[method-assign]
 
 
 async def one_run(name: str, conversations: int, turns: int) -> dict[str, Any]:

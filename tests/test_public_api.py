@@ -86,3 +86,50 @@ def test_p4_facts_are_queryable_in_code() -> None:
 def test_docs_list_every_setting() -> None:
     documented = set(re.findall(r"`([A-Z_]+)`", (ROOT / "docs" / "settings.md").read_text()))
     assert set(VARIABLES) <= documented
+
+
+# psycopg's documented modules (https://www.psycopg.org/psycopg3/docs/api/): the ones threadkeep
+# may import. Its generators and waiting functions, which drive the protocol by hand, are not
+# among them, nor is subclassing its connections to change how they wait.
+_PSYCOPG_MODULES = {
+    "psycopg",
+    "psycopg.conninfo",
+    "psycopg.errors",
+    "psycopg.rows",
+    "psycopg.sql",
+    "psycopg_pool",
+}
+
+
+def test_psycopg_is_used_through_its_documented_modules_only() -> None:
+    import ast
+
+    import threadkeep
+
+    imported: dict[str, set[str]] = {}
+    subclassed: list[str] = []
+    for path in Path(threadkeep.__file__).parent.rglob("*.py"):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module, *(f"{node.module}.{alias.name}" for alias in node.names)]
+                names = [name for name in names if name.split(".")[0] in ("psycopg", "psycopg_pool")][:1]
+            elif isinstance(node, ast.Attribute) and ast.unparse(node).startswith("psycopg."):
+                names = [
+                    name for name in ("psycopg.generators", "psycopg.waiting") if ast.unparse(node) == name
+                ]
+            elif isinstance(node, ast.ClassDef):
+                bases = [ast.unparse(base) for base in node.bases]
+                subclassed += [
+                    f"{path.name}:{node.name}" for base in bases if "Connection" in base or "Cursor" in base
+                ]
+                continue
+            else:
+                continue
+            for name in names:
+                if name.split(".")[0] in ("psycopg", "psycopg_pool"):
+                    imported.setdefault(name, set()).add(path.name)
+    assert {name: files for name, files in imported.items() if name not in _PSYCOPG_MODULES} == {}
+    assert subclassed == []

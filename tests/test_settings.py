@@ -456,9 +456,9 @@ def test_w4_a_postgres_try_may_have_stored_its_step_only_if_lost_while_a_commit_
     that may commit was out, and not by the server's own answer, may have stored its step."""
     import psycopg
 
-    from threadkeep.backends.postgres.engine import _InFlight
+    from threadkeep.backends.postgres.rounds import InFlight
 
-    in_flight = _InFlight()
+    in_flight = InFlight()
     lost = psycopg.OperationalError("consuming input failed: server closed the connection unexpectedly")
     in_flight.commits = False
     in_flight.sending()  # BEGIN and a lock: nothing can commit yet

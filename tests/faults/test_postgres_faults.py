@@ -324,24 +324,6 @@ def test_w4_postgres_answering_nothing_fails_the_run_and_leaves_nothing_half_wri
         assert direct.stats("silent")["messages"] == MESSAGES_PER_TURN
 
 
-def test_w4_after_a_failure_each_idle_connection_is_tested_within_the_check_bound(
-    provider: Any, proxy: TcpProxy
-) -> None:
-    """The pool's test of its idle connections after a failure waits for each no longer
-    than the check bound (2 s), not the command timeout (here 30 s), and sends no cancel
-    for the empty statement."""
-
-    from threadkeep.backends.postgres.deadline import NoAnswer, checks_bounded, timed_classes
-
-    timed = timed_classes(30.0)[0]
-    with timed.connect(through(proxy, POSTGRES_URL, "tk-check"), autocommit=True) as conn:
-        conn.execute("SELECT 1")
-        proxy.stall()
-        with checks_bounded(), pytest.raises(NoAnswer, match=r"within 2 s \(testing an idle connection\)"):
-            conn.execute("")
-        assert conn.closed
-
-
 @pytest.mark.parametrize("api", ["sync", "async"])
 def test_w4_a_step_given_up_is_cancelled_on_the_server(provider: Any, api: str) -> None:
     """A turn whose put waits on a lock longer than the bound, at every try: the run fails,
@@ -803,7 +785,7 @@ def test_w4_failed_cancelled_timed_out_and_racing_calls_fail_no_call_after_them(
     refuses (some of them mid-round-trip, before statements due to be prepared), calls
     cancelled mid-call (async), calls given up after the command timeout on a held lock, and
     double-submits (two runs of one thread at once): every good call, during and after them,
-    succeeds, by this user and another, and no double-submit warns about the shared flush."""
+    succeeds, by this user and another."""
     import psycopg
 
     from threadkeep import ThreadkeepError, user_scope
@@ -909,32 +891,3 @@ def test_w4_failed_cancelled_timed_out_and_racing_calls_fail_no_call_after_them(
         assert all(isinstance(o, (dict, StaleStateError)) for o in pair), pair
     calls = sum(len(v) for v in outcomes.values()) + len(outcomes.get("racing", []))
     assert calls >= 200
-    warned = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
-    assert [message for message in warned if "WAL flush" in message] == []
-
-
-def test_w4_double_submits_leave_the_shared_flush_on(provider: Any, caplog: pytest.LogCaptureFixture) -> None:
-    """Ten double-submits (two runs of one thread at once, one of them refused as stale or
-    both stored), among other runs sharing pipelines: no shared flush fails, so none warns
-    (nor turns sharing off)."""
-    from threadkeep.backends.postgres import engine as pg
-
-    caplog.set_level(logging.INFO)
-
-    async def run(saver: Any, thread_id: str) -> Any:
-        try:  # a graph per run: its fake model's script is a generator two runs would share
-            return await build_agent(saver).ainvoke(turn_input(0), {"configurable": {"thread_id": thread_id}})
-        except StaleStateError as error:
-            return error
-
-    async def main() -> None:
-        dsn = postgres_schema(uuid.uuid4().hex)
-        async with open_checkpointer("postgres", dsn, settings=FAST_RETRIES) as saver:
-            for r in range(10):
-                threads = [f"double-{r}", f"double-{r}", *(f"other-{r}-{k}" for k in range(4))]
-                outcomes = await asyncio.gather(*(run(saver, thread) for thread in threads))
-                assert all(isinstance(o, (dict, StaleStateError)) for o in outcomes), outcomes
-
-    asyncio.run(main())
-    logged = [r.getMessage() for r in caplog.records if r.name == pg.logger.name]
-    assert [message for message in logged if "WAL flush" in message] == []

@@ -388,7 +388,7 @@ def _tables(saver: Any) -> dict[str, set[int]]:
         return {
             name: {r[0] for r in conn.execute(f"SELECT tid FROM {name}")}  # type: ignore[arg-type]
             for name in names
-            if name.startswith("tk_") and name not in ("tk_meta", "tk_migrations", "tk_flush")
+            if name.startswith("tk_") and name not in ("tk_meta", "tk_migrations")
         }
 
 

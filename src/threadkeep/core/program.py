@@ -10,7 +10,7 @@ retry after a dropped connection simply runs the program again on a fresh connec
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 __all__ = ["Batch", "Engine", "Program", "ProgramFactory", "Sql", "SqlMany", "drive", "drive_async"]
@@ -26,20 +26,10 @@ ProgramFactory = Callable[[], Program[T]]
 
 @dataclass(frozen=True, slots=True)
 class Sql:
-    """Run one statement; the program receives the rows it returns (``[]`` for none).
-
-    ``early``, if given, may be called with the rows as they arrive, a chunk at a time in
-    order, before the program receives them all: an engine that reads a result in pieces
-    calls it (the Postgres engine does, for a statement whose pipeline carries its round
-    trip alone), others never do. Work that can
-    start before the last row (decoding a cold read's messages) then runs while the server
-    still looks up the rest. It must not raise, nor rely on being called, nor on seeing
-    every row: a statement that fails part way was seen in part, and one sent again (alone,
-    or on a retry) is not seen again. The program still receives every row, or the error."""
+    """Run one statement; the program receives the rows it returns (``[]`` for none)."""
 
     sql: str
     params: Mapping[str, object]
-    early: Callable[[list[Any]], None] | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True, slots=True)

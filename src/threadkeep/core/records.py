@@ -517,8 +517,6 @@ class StoredCheckpoint:
         key: The store's own key of the thread (SQL: ``tid``), when it has one.
         messages: (type, stored value) by digest of the messages its ``ref``/``refs``
             writes refer to, as read back.
-        decoded: Message lists already decoded by the read (as its rows arrived), by
-            tail: :meth:`to_tuple` takes each once, instead of decoding it.
     """
 
     thread_id: str
@@ -531,7 +529,6 @@ class StoredCheckpoint:
     writes: list[tuple[str, str, int, str, str, bytes]] = field(default_factory=list)
     key: int = 0
     messages: dict[bytes, tuple[str, bytes]] = field(default_factory=dict)
-    decoded: dict[bytes, list[Any]] = field(default_factory=dict)
 
     def chains(self) -> list[tuple[bytes, int]]:
         """The (tail, length) of every message list this checkpoint refers to."""
@@ -639,8 +636,7 @@ class StoredCheckpoint:
                 continue
             if vtype == CHAIN_TYPE:
                 tail, _ = parse_chain_ref(value)
-                decoded = self.decoded.pop(tail, None)  # a list two channels hold: decoded again
-                values[channel] = decode_values(serde, lists[tail], path) if decoded is None else decoded
+                values[channel] = decode_values(serde, lists[tail], path)
                 digests = None if memo is None or content is None else content.digests(tail)
                 if memo is not None and digests is not None:
                     key = (self.thread_id, self.checkpoint_ns, channel)

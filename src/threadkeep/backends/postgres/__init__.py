@@ -79,7 +79,6 @@ def _engine(settings: Settings, **options: Any) -> PostgresEngine:
         pool=pool,
         async_pool=async_pool,
         planned_once=PlannedOnce(queries.PLANNED_ONCE, queries.PLANNED_ONCE_SETTINGS),
-        shared_flush=options.get("shared_flush", True),
     )
 
 

@@ -12,7 +12,6 @@ from collections.abc import Mapping
 
 import orjson
 
-from threadkeep.backends.postgres.arrays import typed_arrays
 from threadkeep.core.messages import LINK_PAGE
 from threadkeep.core.program import Sql
 
@@ -285,7 +284,7 @@ def claimed_put(
         for column in rows[kind][0]:
             params[f"{kind}_{column}"] = [row[column] for row in rows[kind]]
     sql = _claimed_put_sql(kinds)
-    claimed = Sql(sql, typed_arrays(sql, params))
+    claimed = Sql(sql, params)
     if keep is None:
         return (claimed,)
     limit = {name: common[name] for name in ("thread_id", "checkpoint_id", "required_owner")}
@@ -604,17 +603,6 @@ CHECKPOINT_TABLES: dict[str, str] = {
     "tk_checkpoints": "SELECT EXISTS (SELECT 1 FROM tk_checkpoints)",
 }
 
-# The closing round trip of a shared pipeline of writes (migration 0009): an upsert, which
-# always writes (a transaction id, a WAL record), committed as the session's
-# synchronous_commit says, so its commit waits for the WAL of every write before it in the
-# pipeline, which committed without waiting. It returns the row, so that the engine can
-# tell it wrote one.
-FLUSH_WAL = """
-INSERT INTO tk_flush (slot, flushes) VALUES (mod(pg_backend_pid(), 1024), 1)
-ON CONFLICT (slot) DO UPDATE SET flushes = tk_flush.flushes + 1
-RETURNING flushes
-"""
-
 CREATE_MIGRATIONS = """
 CREATE TABLE IF NOT EXISTS tk_migrations (version INTEGER PRIMARY KEY, applied_at DOUBLE PRECISION NOT NULL)
 """
@@ -664,7 +652,7 @@ SELECT
 def many(kind: str, common: dict[str, object], rows: list[dict[str, object]]) -> Sql:
     """One statement for all ``rows``: each column goes in as one array."""
     columns = {name: [row[name] for row in rows] for name in rows[0]}
-    return Sql(_MANY[kind], typed_arrays(_MANY[kind], {**common, **columns}))
+    return Sql(_MANY[kind], {**common, **columns})
 
 
 def text_list(items: list[str]) -> object:

@@ -96,8 +96,12 @@ class SqlBackend:
         self.migrations = tuple(migrations)
 
     def open(self) -> None:
-        """Check the format gate, then bring the schema up to date (SPEC P6)."""
+        """Check the format gate, then bring the schema up to date (SPEC P6). A store that is
+        up to date already is checked in one short read."""
         q = self.dialect
+        versions = [migration.version for migration in self.migrations]
+        if self.engine.setup(lambda: programs.is_current(q, versions)):
+            return
         self.engine.setup(lambda: programs.ensure_format(q))
         for migration in self.migrations:
             self.engine.setup(
@@ -123,9 +127,9 @@ class SqlBackend:
         return programs.get_tuple(self.dialect, target, serde, content, memo)
 
     def get_stored(
-        self, target: Target, content: ContentCache, serde: SerializerProtocol | None = None
+        self, target: Target, content: ContentCache
     ) -> Program[tuple[StoredCheckpoint, dict[bytes, list[tuple[str, bytes]]]] | None]:
-        return programs.get_stored(self.dialect, target, content, serde)
+        return programs.get_stored(self.dialect, target, content)
 
     def owner_of(self, thread_id: str) -> Program[str | None]:
         return programs.owner_of(self.dialect, thread_id)

@@ -17,7 +17,6 @@ from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import CheckpointTuple
 from langgraph.checkpoint.serde.base import SerializerProtocol
 
-from threadkeep.codec.serde import JSON_TYPE, list_decoder, typed_decoder
 from threadkeep.core.identity import Actor
 from threadkeep.core.messages import CHAIN_TYPE, ContentCache, EncodingMemo, MessageChain, chain_tail
 from threadkeep.core.program import Batch, Program, Sql, SqlMany
@@ -727,65 +726,13 @@ def _walked_list(
     return entries
 
 
-class _EarlyMessages:
-    """The messages of the lists a state statement walks, decoded as their rows arrive
-    (``Sql.early``) while the server still looks up the rest, by list tail and depth. A
-    list's tail is a digest of all its messages, so a (tail, depth) names one message
-    whichever try of the read found it: what a try that rolled back decoded serves the one
-    sent after it. A chunk with a message that fails to decode is left out: the read
-    decodes its list again at the end, where the failure names the message."""
-
-    __slots__ = ("decode", "decode_many", "found")
-
-    def __init__(self, serde: SerializerProtocol) -> None:
-        self.decode_many = list_decoder(serde)
-        self.decode = typed_decoder(serde)
-        self.found: dict[bytes, dict[int, Any]] = {}
-
-    def __call__(self, rows: list[Any]) -> None:
-        depth_at, _, kind_at, payload_at = _STATE_COLUMNS
-        walked = [row for row in rows if row[0] == 3]
-        if not walked:
-            return
-        many = self.decode_many
-        plain: list[Any] = []  # the plain json ones, decoded in one pass
-        others: list[Any] = []
-        for row in walked:
-            (plain if many is not None and row[kind_at] == JSON_TYPE else others).append(row)
-        try:
-            decoded = [(row, self.decode(row[kind_at], row[payload_at])) for row in others]
-            if many is not None and plain:
-                decoded += zip(plain, many([row[payload_at] for row in plain]), strict=True)
-        except Exception:
-            return
-        found = self.found
-        for row, message in decoded:
-            of_list = found.get(row[_TAIL_COLUMN])
-            if of_list is None:
-                of_list = found[row[_TAIL_COLUMN]] = {}
-            of_list[row[depth_at]] = message
-
-    def take(self, tail: bytes, count: int) -> list[Any] | None:
-        """The ``count`` messages of the list ending at ``tail``, oldest first, if every one
-        was decoded; each list once."""
-        of_list = self.found.pop(tail, None)
-        if of_list is None or len(of_list) != count:
-            return None
-        try:
-            return [of_list[depth] for depth in range(count - 1, -1, -1)]
-        except KeyError:
-            return None
-
-
 def get_stored(
     q: SqlDialect,
     target: Target,
     content: ContentCache,
-    serde: SerializerProtocol | None = None,
 ) -> Program[tuple[StoredCheckpoint, dict[bytes, list[tuple[str, bytes]]]] | None]:
     """The addressed checkpoint (or the newest of its namespace) as stored, with the stored
-    form of every message of its lists. With ``serde``, the messages of lists the statement
-    walks may be decoded already, as their rows arrived (``StoredCheckpoint.decoded``)."""
+    form of every message of its lists."""
     # A reader holding none of the thread's lists (a new process, a cold thread) walks
     # them in the same statement; one that holds them skips the walk.
     walk = not content.holds_lists_of(target.thread_id)
@@ -796,19 +743,12 @@ def get_stored(
         "checkpoint_id": target.checkpoint_id,
         "walk": walk,
     }
-    early = _EarlyMessages(serde) if serde is not None and walk else None
     sql = q.SELECT_STATE_LATEST if target.checkpoint_id is None else q.SELECT_STATE_AT
-    rows = yield Sql(sql, params, early)
+    rows = yield Sql(sql, params)
     if not rows:
         return None
     state, walked = _stored(target.thread_id, target.checkpoint_ns, rows)
     lists = yield from _message_lists(q, content, [state], walked)
-    if early is not None:
-        for tail, count in state.chains():
-            if tail in walked:
-                decoded = early.take(tail, count)
-                if decoded is not None:
-                    state.decoded[tail] = decoded
     yield from _referenced_messages(q, content, [state])
     return state, lists
 
@@ -821,7 +761,7 @@ def get_tuple(
     memo: EncodingMemo | None = None,
 ) -> Program[CheckpointTuple | None]:
     """The addressed checkpoint, or the newest of its namespace, with its pending writes."""
-    found = yield from get_stored(q, target, content, serde)
+    found = yield from get_stored(q, target, content)
     if found is None:
         return None
     state, lists = found
@@ -1125,6 +1065,19 @@ def _format_error(q: SqlDialect, found: str | None, table: str) -> CheckpointSto
         "reset the checkpoint store before starting this version: threadkeep store reset",
         context={"provider": q.NAME, "found": found, "expected": FORMAT_GENERATION, "table": table},
     )
+
+
+def is_current(q: SqlDialect, versions: Sequence[int]) -> Program[bool]:
+    """Whether the store is in this format generation with exactly ``versions`` applied:
+    then opening it needs nothing more (no lock, no write), the common case."""
+    tables = {row[0] for row in (yield Sql(q.SELECT_TABLES, {}))}
+    if not {"tk_meta", "tk_migrations"} <= tables:
+        return False
+    rows = yield Sql(q.SELECT_META, {"key": _FORMAT_KEY})
+    if not rows or rows[0][0] != str(FORMAT_GENERATION):
+        return False
+    applied = {int(row[0]) for row in (yield Sql(q.SELECT_MIGRATIONS, {}))}
+    return applied == set(versions)
 
 
 def apply_migration(q: SqlDialect, version: int, statements: Sequence[str], now: float) -> Program[bool]:

@@ -85,13 +85,8 @@ def open_tiered_backend(
         connect_timeout=min(timeout, settings.connect_timeout_seconds),
         socket_timeout=timeout,
     )
-    # Shared pipelines' writes each wait for their own WAL flush here: a read that seeds the
-    # cache must never see a write Postgres could still lose (docs/tiered.md).
     durable = open_postgres_backend(
-        settings,
-        gate=gate,
-        shared_flush=False,
-        **{k: v for k, v in extra.items() if k in _POSTGRES_OPTIONS},
+        settings, gate=gate, **{k: v for k, v in extra.items() if k in _POSTGRES_OPTIONS}
     )
     metrics = extra.get("metrics") or METRICS
     return TieredBackend(

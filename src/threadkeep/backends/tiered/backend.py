@@ -241,7 +241,7 @@ class TieredBackend:
                     self.metrics.inc(CACHE_EVENTS, event="stale")
         if since is None:
             since = _wall_ms()
-        found = yield Durable(lambda: self.durable.get_stored(target, content, serde))
+        found = yield Durable(lambda: self.durable.get_stored(target, content))
         if found is None:
             return None
         stored, lists = found
