@@ -130,8 +130,8 @@ class Settings:
             wait for the kernel's TCP timeout, about 15 minutes, and one to a stopped or stuck Postgres
             backend for ever. On postgres the bound is on each try of a step (all its round trips, a
             COMMIT and any lock wait among them), on every pool, one you pass in too; the sweep and the
-            opening of a store (its format gate and migrations) run without it. On a Redis Cluster too the bound is per try: the cluster
-            clients threadkeep opens do not try a command again themselves (redis-py's default is up to 10
+            opening of a store (its format gate and migrations) run without it. On a Redis Cluster too
+            the bound is per try: the cluster clients threadkeep opens do not try a command again themselves (redis-py's default is up to 10
             more tries, each as long). A try there may first read the cluster's layout again, asking the node
             the last try failed on last, each node it asks bounded by this limit as well. Clients passed in
             (`client=`, `async_client=`) keep their own timeouts. The tiered provider's cache has its own
