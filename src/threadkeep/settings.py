@@ -128,14 +128,14 @@ class Settings:
             whole or not at all) and the call is retried on a new one (`RETRY_ATTEMPTS`); without a limit, a
             connection that a load balancer or NAT dropped without a word (a failover, an idle timeout) would
             wait for the kernel's TCP timeout, about 15 minutes, and one to a stopped or stuck Postgres
-            backend for ever. On postgres the bound is on each wait for the server (a round trip, a COMMIT, a
-            pool's check of a connection) on the pools threadkeep opens, but for the sweep's; a pool you pass
-            in keeps its connections' own behaviour. On a Redis Cluster too the bound is per try: the cluster
-            clients threadkeep opens do not try a command again themselves (redis-py's default is up to 10
-            more tries, each as long). A try there may first read the cluster's layout again, asking the node
-            the last try failed on last, each node it asks bounded by this limit as well. Clients passed in
-            (`client=`, `async_client=`) keep their own timeouts. The tiered provider's cache has its own
-            limit of 1 s (`docs/tiered.md`).
+            backend for ever. On postgres the bound is on each try of a step (all its round trips, a COMMIT
+            and any lock wait among them), on every pool, one you pass in too; the sweep and the opening of a
+            store (its format gate and migrations) run without it. On a Redis Cluster too the bound is per
+            try: the cluster clients threadkeep opens do not try a command again themselves (redis-py's
+            default is up to 10 more tries, each as long). A try there may first read the cluster's layout
+            again, asking the node the last try failed on last, each node it asks bounded by this limit as
+            well. Clients passed in (`client=`, `async_client=`) keep their own timeouts. The tiered
+            provider's cache has its own limit of 1 s (`docs/tiered.md`).
         step_deadline_seconds: postgres, redis, tiered (its Postgres store): how long one step (a put, a
             task's writes, a read) may spend waiting for a connection and retrying, all together. With the
             store down, a step fails within it with a `StorageError` that names it, whatever

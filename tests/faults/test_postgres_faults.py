@@ -891,3 +891,83 @@ def test_w4_failed_cancelled_timed_out_and_racing_calls_fail_no_call_after_them(
         assert all(isinstance(o, (dict, StaleStateError)) for o in pair), pair
     calls = sum(len(v) for v in outcomes.values()) + len(outcomes.get("racing", []))
     assert calls >= 200
+
+
+def cfg(thread_id: str) -> Any:
+    return {"configurable": {"thread_id": thread_id, "checkpoint_ns": ""}}
+
+
+def _backends(name: str) -> list[int]:
+    with admin() as conn:
+        rows = conn.execute(
+            "SELECT pid FROM pg_stat_activity WHERE application_name = %s", (name,)
+        ).fetchall()
+    return sorted(pid for (pid,) in rows)
+
+
+def test_w4_a_busy_pool_keeps_its_connections(provider: Any) -> None:
+    """A step that waits in vain for a free connection (the pool's one connection is held by
+    a put queued on a lock) fails or retries, but the pool keeps its healthy connection: a
+    busy pool is not a lost one, and is not replaced."""
+    import psycopg
+    from langgraph.checkpoint.base import empty_checkpoint
+
+    dsn = postgres_schema(uuid.uuid4().hex)
+    name = f"tk-busy-{uuid.uuid4().hex[:8]}"
+    settings = Settings(
+        pool_min_size=1,
+        pool_max_size=1,
+        pool_timeout_seconds=1,
+        retry_backoff_seconds=0.05,
+        step_deadline_seconds=3,
+    )
+    with open_checkpointer("postgres", f"{dsn} application_name={name}", settings=settings) as saver:
+        config = saver.put(cfg("busy"), empty_checkpoint(), {"source": "input", "step": -1}, {})
+        before = _backends(name)
+        with psycopg.connect(dsn, autocommit=True) as holder:
+            holder.execute("BEGIN")
+            holder.execute("SELECT 1 FROM tk_threads WHERE thread_id = 'busy' FOR UPDATE")
+            queued = concurrent.futures.ThreadPoolExecutor(1).submit(
+                saver.put, config, empty_checkpoint(), {"source": "loop", "step": 0}, {}
+            )
+            time.sleep(0.3)
+            with pytest.raises(StorageError):
+                saver.get_tuple(cfg("other"))  # no connection to be had within the deadline
+            holder.execute("COMMIT")
+        queued.result(10)
+        assert saver.get_tuple(cfg("busy")) is not None
+        assert _backends(name) == before
+
+
+def test_p6_an_open_waits_for_another_openers_migrations_past_the_command_timeout(provider: Any) -> None:
+    """Opening a store waits for the schema lock another opener holds (migrating a large
+    store) as long as it takes, not COMMAND_TIMEOUT_SECONDS: migrations run unbounded."""
+    dsn = postgres_schema(uuid.uuid4().hex)
+    settings = Settings(command_timeout_seconds=1, retry_backoff_seconds=0.05)
+    with admin() as holder:
+        holder.execute("SELECT pg_advisory_lock(7446327318420116991)")  # queries.LOCK_SCHEMA's key
+        opening = concurrent.futures.ThreadPoolExecutor(1).submit(
+            open_checkpointer, "postgres", dsn, settings=settings
+        )
+        time.sleep(6)  # longer than its three tries would take, were each cut at 1 s
+        assert not opening.done()
+        holder.execute("SELECT pg_advisory_unlock(7446327318420116991)")
+    with opening.result(10) as saver:
+        assert saver.get_tuple(cfg("nothing")) is None
+
+
+def test_w4_a_try_given_up_is_closed_and_its_statement_cancelled(provider: Any) -> None:
+    """A try that outlives its bound fails with NoAnswer, its connection closed (never lent
+    again), and the statement it ran is cancelled on the server."""
+    import psycopg
+
+    from threadkeep.backends.postgres.bound import NoAnswer, bounded
+
+    name = f"tk-given-up-{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(f"{POSTGRES_URL} application_name={name}", autocommit=True) as conn:
+        with pytest.raises(NoAnswer, match=r"did not answer within 0\.3 s"), bounded(conn, 0.3):
+            conn.execute("SELECT pg_sleep(30)")
+        assert conn.closed
+    until_no_backend(
+        "application_name = %s AND state = 'active'", (name,), "the given-up statement still runs"
+    )

@@ -33,7 +33,7 @@ _MAINTENANCE: contextvars.ContextVar[bool] = contextvars.ContextVar("threadkeep_
 def maintenance() -> Iterator[None]:
     """Mark the work inside as maintenance (the sweep): its round trips may be long (the rows
     of many threads deleted at once) and nobody waits on them, so a store's command timeout
-    does not cut them short (``backends/postgres/deadline.py``)."""
+    does not cut them short (``backends/postgres/bound.py``)."""
     token = _MAINTENANCE.set(True)
     try:
         yield

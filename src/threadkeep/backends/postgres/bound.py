@@ -2,23 +2,24 @@
 
 A server that stops answering (a backend stopped or stuck, a load balancer or NAT that
 dropped the connection without a word) leaves a call waiting for its reply: TCP keepalives
-do not see a stopped backend, whose kernel still acknowledges what is sent. So a try on a
-pooled connection is watched: if its round trips are not all answered within the command
-timeout, a cancel is sent for what the server is running (``cancel_safe``, bounded, where
-libpq 17 makes it so; an older libpq's cancel cannot be bounded and is not sent), then the
+do not see a stopped backend, whose kernel still acknowledges what is sent. So each try on a
+connection is watched: if its round trips are not all answered within the command timeout,
+a cancel is sent for what the server is running (for at most 2 s: ``cancel_safe`` where
+libpq 17 bounds it, else libpq's older cancel in a thread of its own), then the
 connection's socket is shut down. The wait ends at once with a connection error, which the
-engine reports as :class:`NoAnswer` and treats as a dropped connection: the step is retried
-whole on a new connection (SPEC W4).
+engine reports as :class:`NoAnswer` and treats as a dropped connection: the connection is
+closed and the step retried whole on a new one (SPEC W4). A try whose answer came just as
+it was given up keeps its answer, and its connection is closed all the same.
 
 What the server did with the step is not known: the cancel stops the statement it reaches,
 a transaction it interrupts rolls back, but a backend stopped while idle, or a network that
 delivers the request late, may still run it. A step is stored whole or not at all, and a
 put whose first try committed passes on its retry.
 
-A sync try is watched by one daemon thread for the whole process (:class:`_Watchdog`); an
-async try by a timer on its event loop. The sweep runs unwatched
-(:func:`threadkeep.core.retry.maintenance`): its round trips delete the rows of a page of
-threads at once, and no run waits on them.
+One daemon thread watches every try of the process, sync and async (:class:`_Watchdog`).
+The sweep and the opening of a store (its format gate and migrations) run unwatched
+(:func:`threadkeep.core.retry.maintenance`): their round trips may be long, and no run
+waits on them.
 """
 
 from __future__ import annotations
@@ -63,6 +64,26 @@ def _shut(fd: int) -> None:
         sock.shutdown(socket.SHUT_RDWR)
 
 
+def _cancel(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> None:
+    """Cancel what ``conn`` runs, waiting at most :data:`_CANCEL_SECONDS`: ``cancel_safe``
+    where libpq 17 bounds it (a sync connection's), else libpq's older cancel, which cannot
+    be bounded, in a thread of its own that is left behind after the wait."""
+    if isinstance(conn, psycopg.Connection) and psycopg.capabilities.has_cancel_safe():
+        with contextlib.suppress(Exception):
+            conn.cancel_safe(timeout=_CANCEL_SECONDS)
+        return
+    canceller = threading.Thread(
+        target=_cancel_unbounded, args=(conn,), name="threadkeep-pg-cancel", daemon=True
+    )
+    canceller.start()
+    canceller.join(_CANCEL_SECONDS)
+
+
+def _cancel_unbounded(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> None:
+    with contextlib.suppress(Exception):
+        conn.cancel()
+
+
 @dataclass(order=True, slots=True)
 class _Alarm:
     """A watched try: when it is due, and the connection to give up (a duplicate of its
@@ -70,27 +91,29 @@ class _Alarm:
 
     due: float
     order: int
-    conn: psycopg.Connection[Any] = field(compare=False)
+    bound: float = field(compare=False)
+    conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any] = field(compare=False)
     fd: int = field(compare=False)
     done: bool = field(default=False, compare=False)
     fired: bool = field(default=False, compare=False)
     lock: threading.Lock = field(default_factory=threading.Lock, compare=False)
+    given_up: threading.Event = field(default_factory=threading.Event, compare=False)
 
     def fire(self) -> None:
+        """Give the connection up (in a thread of its own: a cancel may take a while)."""
         with self.lock:
             if self.done:
                 return
             self.fired = True
         try:
-            if psycopg.capabilities.has_cancel_safe():
-                with contextlib.suppress(Exception):
-                    self.conn.cancel_safe(timeout=_CANCEL_SECONDS)
+            _cancel(self.conn)
             _shut(self.fd)
         finally:
             os.close(self.fd)
+            self.given_up.set()
 
     def disarm(self) -> bool:
-        """Stop watching; whether the alarm fired (the connection is given up)."""
+        """Stop watching; whether the alarm fired (the connection is being given up)."""
         with self.lock:
             self.done = True
             fired = self.fired
@@ -100,7 +123,7 @@ class _Alarm:
 
 
 class _Watchdog:
-    """One daemon thread that fires the alarms of sync tries that outlive their bound."""
+    """One daemon thread that fires the alarms of tries that outlive their bound."""
 
     def __init__(self) -> None:
         self._alarms: list[_Alarm] = []
@@ -113,11 +136,11 @@ class _Watchdog:
         """A child process starts with no watchdog thread and nothing to watch."""
         self._alarms, self._woken, self._thread = [], threading.Condition(), None
 
-    def arm(self, conn: psycopg.Connection[Any], seconds: float) -> _Alarm:
-        alarm = _Alarm(time.monotonic() + seconds, next(self._order), conn, os.dup(conn.fileno()))
+    def arm(self, conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any], seconds: float) -> _Alarm:
+        alarm = _Alarm(time.monotonic() + seconds, next(self._order), seconds, conn, os.dup(conn.fileno()))
         with self._woken:
             heapq.heappush(self._alarms, alarm)
-            if self._thread is None:
+            if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(
                     target=self._watch, name="threadkeep-pg-watchdog", daemon=True
                 )
@@ -133,76 +156,76 @@ class _Watchdog:
                     alarm = heapq.heappop(self._alarms)
                     if not alarm.done:
                         due.append(alarm)
+                if len(self._alarms) > 1024 and sum(a.done for a in self._alarms) * 2 > len(self._alarms):
+                    # tries that ended behind a long one: dropped now, not when it ends
+                    self._alarms = [alarm for alarm in self._alarms if not alarm.done]
+                    heapq.heapify(self._alarms)
                 # Not woken at each arm: a bound is noticed within a tick of passing.
                 self._woken.wait(_TICK_SECONDS)
-            for alarm in due:  # each in a thread of its own: a cancel may take a while
-                threading.Thread(target=alarm.fire, name="threadkeep-pg-give-up", daemon=True).start()
+            for alarm in due:
+                try:
+                    threading.Thread(target=alarm.fire, name="threadkeep-pg-give-up", daemon=True).start()
+                except RuntimeError:  # no thread to be had: give it up here
+                    alarm.fire()
 
 
 _WATCHDOG: Final = _Watchdog()
 
 
-def _bound(seconds: float | None) -> float | None:
-    """A try's bound: the command timeout, none for maintenance (the sweep)."""
-    return None if seconds is None or under_maintenance() else seconds
+def _arm(
+    conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any], seconds: float | None
+) -> _Alarm | None:
+    """Watch a try for ``seconds`` (the command timeout); none for maintenance."""
+    if seconds is None or under_maintenance():
+        return None
+    return _WATCHDOG.arm(conn, seconds)
 
 
 @contextlib.contextmanager
 def bounded(conn: psycopg.Connection[Any], seconds: float | None) -> Iterator[None]:
-    """Watch a sync try on ``conn`` for ``seconds``.
+    """Watch a sync try on ``conn`` for ``seconds``; a connection given up is closed.
 
     Raises:
         NoAnswer: the try failed after its bound passed (its connection was given up).
     """
-    bound = _bound(seconds)
-    if bound is None:
+    alarm = _arm(conn, seconds)
+    if alarm is None:
         yield
         return
-    alarm = _WATCHDOG.arm(conn, bound)
     try:
         yield
-    except Exception as error:
+    except BaseException as error:
         if alarm.disarm():
-            raise NoAnswer.after(bound) from error
+            alarm.given_up.wait()
+            conn.close()
+            if isinstance(error, Exception):
+                raise NoAnswer.after(alarm.bound) from error
         raise
-    except BaseException:
-        alarm.disarm()
-        raise
-    if alarm.disarm():  # given up as its answer came: never used again
+    if alarm.disarm():  # given up as its answer came: its answer stands
+        alarm.given_up.wait()
         conn.close()
 
 
 @contextlib.asynccontextmanager
 async def bounded_async(conn: psycopg.AsyncConnection[Any], seconds: float | None) -> AsyncIterator[None]:
-    """Watch an async try on ``conn`` for ``seconds``, with a timer on the running loop.
+    """:func:`bounded` for an async try (the wait for a give-up runs off the loop).
 
     Raises:
         NoAnswer: the try failed after its bound passed (its connection was given up).
     """
-    bound = _bound(seconds)
-    if bound is None:
+    alarm = _arm(conn, seconds)
+    if alarm is None:
         yield
         return
-    loop = asyncio.get_running_loop()
-    giving_up: list[asyncio.Task[None]] = []
-    timer = loop.call_later(bound, lambda: giving_up.append(loop.create_task(_give_up(conn))))
     try:
         yield
-    except Exception as error:
-        if giving_up:
-            await giving_up[0]
-            raise NoAnswer.after(bound) from error
+    except BaseException as error:
+        if alarm.disarm():
+            await asyncio.to_thread(alarm.given_up.wait)
+            await conn.close()
+            if isinstance(error, Exception):
+                raise NoAnswer.after(alarm.bound) from error
         raise
-    finally:
-        timer.cancel()
-    if giving_up:  # given up as its answer came: never used again
-        giving_up[0].cancel()
+    if alarm.disarm():
+        await asyncio.to_thread(alarm.given_up.wait)
         await conn.close()
-
-
-async def _give_up(conn: psycopg.AsyncConnection[Any]) -> None:
-    if psycopg.capabilities.has_cancel_safe():
-        with contextlib.suppress(Exception):
-            await conn.cancel_safe(timeout=_CANCEL_SECONDS)
-    with contextlib.suppress(Exception):
-        _shut(conn.fileno())

@@ -56,7 +56,7 @@ from threadkeep.backends.postgres.rounds import (
     round_trips,
 )
 from threadkeep.core.program import ProgramFactory, Sql, SqlMany, drive, drive_async
-from threadkeep.core.retry import Refusal, RetryPolicy, Tries
+from threadkeep.core.retry import Refusal, RetryPolicy, Tries, maintenance
 from threadkeep.errors import StorageError, ThreadkeepError
 
 __all__ = ["PlannedOnce", "PoolOptions", "PostgresEngine", "is_connection_error", "refusal"]
@@ -130,6 +130,18 @@ def is_connection_error(error: BaseException) -> bool:
     if isinstance(error, psycopg.errors.InvalidSqlStatementName):
         return True
     return isinstance(error, (psycopg.OperationalError, psycopg.InterfaceError, PoolTimeout))
+
+
+def _lost(error: BaseException) -> bool:
+    """Whether ``error`` says the connection was lost (closed by the server or the network,
+    or given up for not answering, :class:`~.bound.NoAnswer`), as every connection of its
+    pool may be: not a wait for a free connection, nor a lost prepared statement."""
+    if isinstance(error, PoolTimeout) or not isinstance(
+        error, (psycopg.OperationalError, psycopg.InterfaceError)
+    ):
+        return False
+    sqlstate = error.sqlstate
+    return sqlstate is None or sqlstate.startswith(("08", "57P"))
 
 
 # SQLSTATE classes of an error that passes: a connection exception (08), a transaction rolled
@@ -404,14 +416,16 @@ class PostgresEngine:
     def setup(self, make: ProgramFactory[T]) -> T:
         """Like :meth:`run`, on a short-lived connection: the format gate and migrations run
         before any pool is needed (an application that only uses the async API never opens a
-        sync pool)."""
+        sync pool). Unbounded by the command timeout, as maintenance: a migration may
+        rewrite a table, and a second process waits for the first one's migrations."""
         prepare = self._preparing[False]
-        return self._retrying(
-            lambda in_flight, tries: self._once(
-                make, self.connect(tries.wait(self.options.connect_timeout)), True, prepare, in_flight
-            ),
-            False,
-        )
+        with maintenance():
+            return self._retrying(
+                lambda in_flight, tries: self._once(
+                    make, self.connect(tries.wait(self.options.connect_timeout)), True, prepare, in_flight
+                ),
+                False,
+            )
 
     def _retrying(self, attempt: Callable[[InFlight, Tries], T], write: bool) -> T:
         in_flight = InFlight()
@@ -422,11 +436,12 @@ class PostgresEngine:
             except Exception as error:
                 self._refuse_if_closed()  # closed meanwhile: say so, not what the closing broke
                 delay = tries.failed(error)
-                if self._pool is not None and is_connection_error(error):
+                pool = self._pool
+                if pool is not None and _lost(error):
                     # A server restart or a mass termination kills every pooled connection at
                     # once (a stalled network mutes them all): replace them all now, instead
                     # of failing on each in turn.
-                    self._pool.drain()
+                    pool.drain()
                 time.sleep(delay)
 
     def _once(
@@ -484,7 +499,7 @@ class PostgresEngine:
             except Exception as error:
                 self._refuse_if_closed()
                 delay = tries.failed(error)
-                if pool is not None and pool is not self._given_async_pool and is_connection_error(error):
+                if pool is not None and pool is not self._given_async_pool and _lost(error):
                     await pool.drain()  # as in _retrying
                 await asyncio.sleep(delay)
 

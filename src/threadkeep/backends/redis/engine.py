@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import threading
 import time
 import weakref
@@ -188,7 +189,8 @@ _UNGATED: Final = contextlib.nullcontext()
 
 def _read_layout(client: Any, failed: BaseException) -> None:
     """Read a cluster's layout again before a sync retry, asking the node the last try
-    failed on (``failed``'s) last. redis-py's sync client read it when that try failed,
+    failed on (``failed``'s) last (redis-py 8.0 and later; earlier versions ask the nodes in
+    the order they found them). redis-py's sync client read it when that try failed,
     maybe before a failover promoted a replica; its async client reads it again at its next
     command. If no node answers now, the try goes by the old layout and fails as the last
     one did."""
@@ -197,8 +199,12 @@ def _read_layout(client: Any, failed: BaseException) -> None:
     where: Any = getattr(failed, "connection", None)  # redis-py's: the node's connection, or the node
     host, port = getattr(where, "host", None), getattr(where, "port", None)
     last = None if host is None or port is None else f"{host}:{port}"
+    manager = client.nodes_manager
     with contextlib.suppress(RedisError, RedisClusterException):
-        client.nodes_manager.initialize(last_failed_node_name=last)
+        if "last_failed_node_name" in inspect.signature(manager.initialize).parameters:
+            manager.initialize(last_failed_node_name=last)
+        else:
+            manager.initialize()
 
 
 def _may_have_run(error: BaseException) -> bool:
