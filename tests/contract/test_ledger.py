@@ -21,8 +21,10 @@ import pytest
 from tests.providers import REDIS_URL, Opener, postgres_schema, track_redis_prefix
 from tests.retention.test_retention import ALL, Clock, write
 from threadkeep import (
+    CheckpointSerializationError,
     InvalidInputError,
     Settings,
+    StorageError,
     StorageForbiddenError,
     ThreadkeepSaver,
     ToolCall,
@@ -370,3 +372,23 @@ def test_tm5_two_processes_racing_on_a_call_record_it_once(provider: Any, api: s
 
 def _fields(entry: ToolCall) -> dict[str, Any]:
     return {name: getattr(entry, name) for name in ToolCall.__dataclass_fields__}
+
+
+@pytest.mark.providers("redis")
+def test_r1_a_thread_whose_ledger_redis_evicted_is_refused_not_read_as_empty(open_saver: Opener) -> None:
+    """A ledger read as empty would run its calls again: a thread that began calls and lost
+    its calls hash (an eviction) is refused, as one that lost any other part."""
+    import redis
+
+    saver = open_saver()
+    write(saver, "t")
+    saver.begin_tool_call(cfg("t"), "m1", "c1", "charge")
+    calls = saver.backend.space.thread("t")[-1]  # type: ignore[attr-defined]
+    assert calls.endswith(":calls")
+    assert redis.Redis.from_url(REDIS_URL).delete(calls) == 1
+    with pytest.raises(CheckpointSerializationError, match="lost its tool-call ledger"):
+        saver.tool_calls(cfg("t"))
+    with pytest.raises(StorageError, match="lost its tool-call ledger"):
+        saver.begin_tool_call(cfg("t"), "m1", "c1", "charge")
+    with pytest.raises(CheckpointSerializationError, match="lost its tool-call ledger"):
+        saver.get_tuple(cfg("t"))
