@@ -392,3 +392,17 @@ def test_r1_a_thread_whose_ledger_redis_evicted_is_refused_not_read_as_empty(ope
         saver.begin_tool_call(cfg("t"), "m1", "c1", "charge")
     with pytest.raises(CheckpointSerializationError, match="lost its tool-call ledger"):
         saver.get_tuple(cfg("t"))
+
+
+def test_w4_a_begin_run_again_after_its_reply_was_lost_is_still_its_own(saver: ThreadkeepSaver) -> None:
+    """A store retries a call whose reply was lost by running its program again: the entry
+    the first try recorded is still this call's (fresh), and nobody else's."""
+    from threadkeep.core.ledger import prepare_begin
+
+    step = prepare_begin(cfg("t"), "m1", "c1", "charge", isolate=True, now=1.0)
+    engine = saver.backend.engine
+    tries = [
+        engine.run(lambda: saver.backend.begin_tool_call(step), write=True, atomic=False) for _ in range(2)
+    ]
+    assert [step.entry(stored, saver.serde).fresh for stored in tries] == [True, True]
+    assert saver.begin_tool_call(cfg("t"), "m1", "c1", "charge").fresh is False
