@@ -406,3 +406,32 @@ def test_w4_a_begin_run_again_after_its_reply_was_lost_is_still_its_own(saver: T
     ]
     assert [step.entry(stored, saver.serde).fresh for stored in tries] == [True, True]
     assert saver.begin_tool_call(cfg("t"), "m1", "c1", "charge").fresh is False
+
+
+def test_tm5_racing_ends_of_a_call_record_one_outcome(saver: ThreadkeepSaver) -> None:
+    """Of ends racing with different outcomes, one is recorded; every other is refused."""
+    write(saver, "t")
+    for round_ in range(5):
+        saver.begin_tool_call(cfg("t"), "m1", f"c{round_}", "charge")
+        barrier, outcomes = threading.Barrier(4), []
+
+        def end(
+            n: int, round_: int = round_, barrier: threading.Barrier = barrier, outcomes: list[str] = outcomes
+        ) -> None:
+            barrier.wait()
+            try:
+                saver.end_tool_call(cfg("t"), "m1", f"c{round_}", result=f"ender {n}")
+            except InvalidInputError:
+                outcomes.append("refused")
+            else:
+                outcomes.append(f"ender {n}")
+
+        workers = [threading.Thread(target=end, args=(n,)) for n in range(4)]
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join()
+        (winner,) = [outcome for outcome in outcomes if outcome != "refused"]
+        assert outcomes.count("refused") == 3
+        (entry,) = [e for e in saver.tool_calls(cfg("t")) if e.call_id == f"c{round_}"]
+        assert (entry.status, entry.result) == ("succeeded", winner)
