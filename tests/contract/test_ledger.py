@@ -435,3 +435,21 @@ def test_tm5_racing_ends_of_a_call_record_one_outcome(saver: ThreadkeepSaver) ->
         assert outcomes.count("refused") == 3
         (entry,) = [e for e in saver.tool_calls(cfg("t")) if e.call_id == f"c{round_}"]
         assert (entry.status, entry.result) == ("succeeded", winner)
+
+
+@pytest.mark.providers("redis")
+def test_r2_the_ledger_carries_the_threads_waiting_retention(open_saver: Opener) -> None:
+    import redis
+
+    saver = open_saver()
+    saver.backend.ttl_ms = 60_000  # type: ignore[attr-defined]  # a one-minute waiting retention
+    saver.begin_tool_call(cfg("t"), "m1", "c1", "charge")
+    client, keys = redis.Redis.from_url(REDIS_URL), saver.backend.space.thread("t")  # type: ignore[attr-defined]
+    calls, thread = client.pttl(keys[-1]), client.pttl(keys[0])
+    assert 50_000 < calls <= 60_000
+    assert abs(calls - thread) < 1_000  # one deadline for the thread's keys
+    client.pexpire(keys[-1], 1_000)
+    saver.tool_calls(cfg("t"))
+    assert client.pttl(keys[-1]) <= 1_000  # a read does not extend it
+    saver.end_tool_call(cfg("t"), "m1", "c1", result=1)
+    assert client.pttl(keys[-1]) > 50_000  # a write does
