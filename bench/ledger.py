@@ -2,7 +2,7 @@
 
     ./dev run python -m bench.ledger --runs 5 --calls 300 --turns 10
 
-Two measurements per store (default ``sqlite`` and ``postgres``; ``--stores`` takes any of
+Measured per store (default ``sqlite`` and ``postgres``; ``--stores`` takes any of
 ``memory,sqlite,postgres,redis,tiered``), each on a fresh store (a SQLite file in a temporary
 folder, WAL, ``synchronous=NORMAL``; a new Postgres schema; a new Redis key prefix):
 
@@ -10,6 +10,8 @@ folder, WAL, ``synchronous=NORMAL``; a new Postgres schema; a new Redis key pref
   workload's tool result), ``--calls`` calls one after another on one thread, through the
   sync and the async API: the median over ``--runs`` runs of the mean wall time per call (and
   the client CPU time of this process per call).
+- the Postgres server's own floor, for scale: a ``SELECT 1`` round trip, and a one-row INSERT
+  committed with and without waiting for its WAL flush;
 - ``turn``: the workload's agent (three tool calls a turn, ``threadkeep.workload``), ``--turns``
   turns on a new thread, its tools node running each call plainly or between
   ``begin_tool_call`` and ``end_tool_call`` (what a replay-safe tool does on its first run),
@@ -149,6 +151,34 @@ def measure_turns(saver: ThreadkeepSaver, runs: int, turns: int) -> dict[str, fl
     return {"without": without, "with": with_, "per_call": (with_ - without) / TOOL_ROUND_TRIPS}
 
 
+def postgres_floor(count: int) -> dict[str, float]:
+    """What the server itself costs on this machine: the median of ``count`` round trips of
+    ``SELECT 1``, and of one-row INSERTs each committed on its own, durable (waiting for its
+    WAL flush) and not (``synchronous_commit = off``), in ms."""
+    out: dict[str, float] = {}
+    schema = f"tk_bench_floor_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(POSTGRES, autocommit=True) as conn:
+        conn.execute(f"CREATE SCHEMA {schema}")
+        try:
+            conn.execute(f"CREATE TABLE {schema}.floor (a integer)")
+            insert = f"INSERT INTO {schema}.floor VALUES (1)"
+            for name, sql, setting in (
+                ("round trip", "SELECT 1", "on"),
+                ("durable commit", insert, "on"),
+                ("commit, no flush wait", insert, "off"),
+            ):
+                conn.execute(f"SET synchronous_commit = {setting}")
+                times = []
+                for _ in range(count):
+                    start = time.perf_counter()
+                    conn.execute(sql)
+                    times.append((time.perf_counter() - start) * 1000)
+                out[name] = statistics.median(times)
+        finally:
+            conn.execute(f"DROP SCHEMA {schema} CASCADE")
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.ledger", description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=5)
@@ -167,6 +197,9 @@ def main(argv: list[str] | None = None) -> int:
             found = measure_calls(saver, args.runs, args.calls)
         (sw, sc), (aw, ac) = found["sync"], found["async"]
         print(f"{store:10}{sw:11.3f}{sc:10.3f}{aw:12.3f}{ac:11.3f}")
+    if "postgres" in stores or "tiered" in stores:
+        floor = postgres_floor(args.calls)
+        print("postgres itself, median ms: " + ", ".join(f"{name} {ms:.3f}" for name, ms in floor.items()))
     print()
     trips = TOOL_ROUND_TRIPS
     print(f"the workload's agent, {args.turns} turns of {trips} tool calls, median of {args.runs} runs")
