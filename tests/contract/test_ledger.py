@@ -453,3 +453,23 @@ def test_r2_the_ledger_carries_the_threads_waiting_retention(open_saver: Opener)
     assert client.pttl(keys[-1]) <= 1_000  # a read does not extend it
     saver.end_tool_call(cfg("t"), "m1", "c1", result=1)
     assert client.pttl(keys[-1]) > 50_000  # a write does
+
+
+@pytest.mark.parametrize("dialect", ["sqlite", "postgres"])
+def test_tm5_a_begin_racing_the_threads_first_put_reads_its_entry(dialect: str) -> None:
+    """The thread's row is committed between a begin's insert (which found no thread) and its
+    read (which finds the thread without the entry): the begin runs again and returns its
+    entry (as turns37 found on Postgres, durability async), rather than failing."""
+    import importlib
+
+    from threadkeep.backends.sql.ledger import begin_tool_call
+    from threadkeep.core.ledger import prepare_begin
+    from threadkeep.core.program import drive
+
+    queries = importlib.import_module(f"threadkeep.backends.{dialect}.queries")
+    step = prepare_begin(cfg("t", "alice"), "m", "c", "charge", isolate=True, now=1.0)
+    empty = ("alice", None, None, None, None, None, None, None, None, None)
+    stored = ("alice", "charge", step.key, step.claim, "started", None, None, None, 1.0, None)
+    replies = iter([[None, [empty]], [None, [stored]]])
+    entry = drive(begin_tool_call(queries, step), lambda request: next(replies))
+    assert (entry.claim, entry.status) == (step.claim, "started")
