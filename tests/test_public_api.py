@@ -37,6 +37,7 @@ def test_public_names_are_pinned() -> None:
         "ThreadRetentionError",
         "ThreadkeepError",
         "ThreadkeepSaver",
+        "ToolCall",
         "arun_agent",
         "ask",
         "close_savers",
