@@ -13,6 +13,7 @@ from threadkeep.errors import (
     ConfigurationError,
     InvalidInputError,
     MissingExtraError,
+    NoResumableTurnError,
     ParkRefusedError,
     StaleStateError,
     StorageError,
@@ -20,6 +21,8 @@ from threadkeep.errors import (
     StorageRefusedError,
     ThreadkeepError,
     ThreadRetentionError,
+    ToolCallError,
+    TurnFailedError,
 )
 from threadkeep.owners import RunGroup, RunOutcome, arun_agent, ask, run_agent
 from threadkeep.providers import facts_of, open_checkpointer
@@ -27,6 +30,7 @@ from threadkeep.registry import close_savers, saver_for
 from threadkeep.saver import ProviderFacts, ThreadkeepSaver
 from threadkeep.settings import Settings
 from threadkeep.sweep import SweepResult, register_live_thread_filter, sweep_checkpoints
+from threadkeep.turns import ToolFailure, TurnManager, TurnResult
 
 __all__ = [
     "ANONYMOUS",
@@ -38,6 +42,7 @@ __all__ = [
     "FaithfulCodec",
     "InvalidInputError",
     "MissingExtraError",
+    "NoResumableTurnError",
     "ParkRefusedError",
     "PlatformRetention",
     "ProviderFacts",
@@ -53,6 +58,11 @@ __all__ = [
     "ThreadRetentionError",
     "ThreadkeepError",
     "ThreadkeepSaver",
+    "ToolCallError",
+    "ToolFailure",
+    "TurnFailedError",
+    "TurnManager",
+    "TurnResult",
     "arun_agent",
     "ask",
     "close_savers",

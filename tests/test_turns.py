@@ -1,0 +1,393 @@
+"""Turns (SPEC TM1-TM4): rollback and retry, purge, isolation and resume, on every provider,
+through the sync and the async API, with LangGraph's ToolNode, ``@tool`` functions and a
+scripted ``BaseChatModel``."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
+from langchain_core.tools import tool
+
+from tests.providers import Opener
+from tests.turn_agents import ScriptedChatModel, agent_graph, answer, call, calls
+from threadkeep import (
+    NoResumableTurnError,
+    Settings,
+    ToolCallError,
+    TurnFailedError,
+    TurnManager,
+    user_scope,
+)
+
+APIS = ["sync", "async"]
+
+
+class Flaky:
+    """A tool's behaviour: fail the first ``failures`` calls, then succeed; counts its runs."""
+
+    def __init__(self, failures: int, error: str = "card declined") -> None:
+        self.failures = failures
+        self.error = error
+        self.runs: list[dict[str, Any]] = []
+
+    def __call__(self, **args: Any) -> str:
+        self.runs.append(args)
+        if len(self.runs) <= self.failures:
+            raise ValueError(self.error)
+        return f"charged {args['amount']}"
+
+
+def charge_tool(behaviour: Flaky) -> Any:
+    @tool
+    def charge(amount: int) -> str:
+        """Charge the customer's card ``amount`` cents."""
+        return behaviour(amount=amount)
+
+    return charge
+
+
+@tool
+def lookup(query: str) -> str:
+    """Look ``query`` up."""
+    return f"found {query}"
+
+
+def settings(tmp_path: Path, **values: Any) -> Settings:
+    return Settings(resume_state_path=str(tmp_path / "resumable.json"), **values)
+
+
+def run(manager: TurnManager, api: str, user: str, message: Any, **options: Any) -> Any:
+    if api == "sync":
+        return manager.run_turn(user, message, **options)
+    return asyncio.run(manager.arun_turn(user, message))
+
+
+def resume(manager: TurnManager, api: str, user: str) -> Any:
+    if api == "sync":
+        return manager.resume_last_turn(user)
+    return asyncio.run(manager.aresume_last_turn(user))
+
+
+def checkpoints(saver: Any, thread_id: str, user: str) -> int:
+    with user_scope(user):
+        return len(list(saver.list({"configurable": {"thread_id": thread_id}})))
+
+
+def call_ids(messages: list[Any]) -> set[str]:
+    return {c["id"] for m in messages if isinstance(m, AIMessage) for c in m.tool_calls}
+
+
+# TM2: rollback and retry -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("api", APIS)
+def test_tm2_a_raising_tool_rolls_back_tells_the_model_and_retries(
+    open_saver: Opener, tmp_path: Path, api: str
+) -> None:
+    card = Flaky(failures=1)
+    model = ScriptedChatModel(
+        script=[
+            calls(call("charge", "first", amount=500)),
+            calls(call("charge", "second", amount=400)),
+            answer("charged 400 after the first try failed"),
+        ]
+    )
+    saver = open_saver()
+    manager = TurnManager(agent_graph(model, [charge_tool(card)]), saver, settings=settings(tmp_path))
+
+    result = run(manager, api, "alice", "pay my bill")
+
+    assert result.response == "charged 400 after the first try failed"
+    assert result.attempts == 2
+    assert [failure.calls[0]["id"] for failure in result.failures] == ["first"]
+    assert isinstance(result.failures[0].error, ValueError)
+    # the model's second decision was made without the failed call, and told what failed
+    retry_prompt = model.prompts[1]
+    assert "first" not in call_ids(retry_prompt)
+    note = retry_prompt[-1]
+    assert isinstance(note, HumanMessage)
+    assert "charge(amount=500)" in note.text
+    assert "card declined" in note.text
+    assert [type(m).__name__ for m in result.messages] == [
+        "HumanMessage",
+        "HumanMessage",
+        "AIMessage",
+        "ToolMessage",
+        "AIMessage",
+    ]
+    assert card.runs == [{"amount": 500}, {"amount": 400}]
+
+
+@pytest.mark.parametrize("api", APIS)
+def test_tm2_an_error_result_in_parallel_calls_rolls_back_the_whole_message(
+    open_saver: Opener, tmp_path: Path, api: str
+) -> None:
+    """ToolNode turning errors into results (handle_tool_errors=True): the error result and
+    the call are rolled back together with the parallel call that succeeded, and the model
+    is told that one succeeded and what it returned."""
+    card = Flaky(failures=1)
+    model = ScriptedChatModel(
+        script=[
+            calls(call("lookup", "look", query="plan"), call("charge", "pay", amount=500)),
+            calls(call("charge", "pay-again", amount=500)),
+            answer("done"),
+        ]
+    )
+    graph = agent_graph(model, [lookup, charge_tool(card)], handle_tool_errors=True)
+    manager = TurnManager(graph, open_saver(), settings=settings(tmp_path))
+
+    result = run(manager, api, "alice", "pay")
+
+    assert result.response == "done"
+    (failure,) = result.failures
+    assert [c["id"] for c in failure.calls] == ["pay"]
+    assert isinstance(failure.error, ToolCallError)
+    assert failure.error.code == "TOOL_RESULT_001"
+    note = model.prompts[1][-1].text
+    assert "charge(amount=500)" in note
+    assert "card declined" in note
+    assert 'lookup(query="plan") succeeded and returned: found plan' in note
+    assert not {"look", "pay"} & call_ids(result.messages)
+    assert not [m for m in result.messages if isinstance(m, ToolMessage) and m.status == "error"]
+
+
+@pytest.mark.parametrize("api", APIS)
+def test_tm2_after_max_retries_the_caller_gets_turn_failed_with_the_cause(
+    open_saver: Opener, tmp_path: Path, api: str
+) -> None:
+    card = Flaky(failures=10)
+    model = ScriptedChatModel(script=[calls(call("charge", amount=500))])
+    saver = open_saver()
+    manager = TurnManager(agent_graph(model, [charge_tool(card)]), saver, settings=settings(tmp_path))
+
+    with pytest.raises(TurnFailedError) as raised:
+        run(manager, api, "alice", "pay")
+
+    error = raised.value
+    assert error.code == "TURN_001"
+    assert isinstance(error.__cause__, ValueError)
+    assert "card declined" in str(error.__cause__)
+    assert len(error.failures) == 3  # the first try and max_retries=2 retries
+    assert all(isinstance(f.error, ValueError) for f in error.failures)
+    assert len(card.runs) == 3
+    assert error.context["resumable"] is False
+    assert checkpoints(saver, error.context["thread_id"], "alice") == 0  # resume off: purged
+
+
+@pytest.mark.parametrize("api", APIS)
+def test_tm2_with_no_rollback_point_the_turn_restarts_on_its_thread(
+    open_saver: Opener, tmp_path: Path, api: str
+) -> None:
+    card = Flaky(failures=1)
+    model = ScriptedChatModel(
+        script=[
+            calls(call("charge", "first", amount=5)),
+            calls(call("charge", "second", amount=6)),
+            answer("ok"),
+        ]
+    )
+    manager = TurnManager(
+        agent_graph(model, [charge_tool(card)]), open_saver(), rollback_steps=10, settings=settings(tmp_path)
+    )
+
+    result = run(manager, api, "alice", "pay")
+
+    assert result.response == "ok"
+    assert result.attempts == 2
+    first, note = result.messages[:2]
+    assert first.text == "pay"
+    assert "charge(amount=5)" in note.text
+    assert "first" not in call_ids(result.messages)
+
+
+def test_tm2_a_failure_in_a_later_round_trip_keeps_the_earlier_ones(
+    open_saver: Opener, tmp_path: Path
+) -> None:
+    card = Flaky(failures=1)
+    model = ScriptedChatModel(
+        script=[
+            calls(call("lookup", "look", query="bill")),
+            calls(call("charge", "pay", amount=5)),
+            calls(call("charge", "pay-2", amount=5)),
+            answer("ok"),
+        ]
+    )
+    manager = TurnManager(
+        agent_graph(model, [lookup, charge_tool(card)]), open_saver(), settings=settings(tmp_path)
+    )
+
+    result = manager.run_turn("alice", "pay")
+
+    assert call_ids(result.messages) == {"look", "pay-2"}
+    assert len(model.prompts) == 4  # the lookup's decision was not made again
+
+
+# TM1, TM3: threads, purge, isolation -------------------------------------------------------
+
+
+def test_tm3_a_completed_turn_is_purged_by_default(open_saver: Opener, tmp_path: Path) -> None:
+    saver = open_saver()
+    model = ScriptedChatModel(script=[calls(call("lookup", query="x")), answer("done")])
+    manager = TurnManager(agent_graph(model, [lookup]), saver, settings=settings(tmp_path))
+
+    result = manager.run_turn("alice", "hi")
+
+    assert result.response == "done"
+    assert not result.kept
+    assert checkpoints(saver, result.thread_id, "alice") == 0
+
+
+def test_tm3_keep_history_keeps_a_completed_turn_marked_finished(open_saver: Opener, tmp_path: Path) -> None:
+    saver = open_saver()
+    model = ScriptedChatModel(script=[calls(call("lookup", query="x")), answer("done")])
+    manager = TurnManager(agent_graph(model, [lookup]), saver, keep_history=True, settings=settings(tmp_path))
+
+    result = manager.run_turn("alice", "hi")
+
+    assert result.kept
+    assert checkpoints(saver, result.thread_id, "alice") >= 4  # one per step, and the input
+    with user_scope("alice"):
+        found = saver.thread_retention(result.thread_id)
+    assert found is not None
+    assert found[1] is not None
+
+
+def test_tm1_each_turn_has_a_fresh_thread_of_its_user(open_saver: Opener, tmp_path: Path) -> None:
+    saver = open_saver()
+    model = ScriptedChatModel(script=[answer("hello")])
+    manager = TurnManager(agent_graph(model, [lookup]), saver, keep_history=True, settings=settings(tmp_path))
+
+    first = manager.run_turn("alice", "one")
+    second = manager.run_turn("alice", "two")
+    other = manager.run_turn("bob", "three")
+
+    assert len({first.thread_id, second.thread_id, other.thread_id}) == 3
+    assert [m.text for m in second.messages] == ["two", "hello"]  # nothing of the first turn
+    assert checkpoints(saver, first.thread_id, "bob") == 0  # bob cannot read alice's turn
+    assert checkpoints(saver, other.thread_id, "alice") == 0
+    assert checkpoints(saver, first.thread_id, "alice") > 0
+
+
+# TM4: resume ----------------------------------------------------------------------------------
+
+
+def pay_until_paid(messages: list[Any]) -> AIMessage:
+    """Calls ``charge`` until a charge's result is in the conversation, then answers."""
+    if isinstance(messages[-1], ToolMessage):
+        return answer("paid")
+    return calls(call("charge", amount=5))
+
+
+def failing_then_fixed(
+    tmp_path: Path, open_saver: Opener, failures: int = 3, **options: Any
+) -> tuple[TurnManager, Flaky, Any]:
+    card = Flaky(failures)  # 3: more than max_retries=2 allows: the turn fails, then it works
+    model = ScriptedChatModel(script=[pay_until_paid])
+    saver = open_saver()
+    manager = TurnManager(
+        agent_graph(model, [charge_tool(card)]),
+        saver,
+        settings=settings(tmp_path, resume_enabled=True),
+        **options,
+    )
+    return manager, card, saver
+
+
+@pytest.mark.parametrize("api", APIS)
+def test_tm4_a_failed_turn_is_kept_and_resumed(open_saver: Opener, tmp_path: Path, api: str) -> None:
+    manager, card, saver = failing_then_fixed(tmp_path, open_saver)
+    with pytest.raises(TurnFailedError) as raised:
+        run(manager, api, "alice", "pay")
+    thread = raised.value.context["thread_id"]
+    assert raised.value.context["resumable"] is True
+    assert checkpoints(saver, thread, "alice") > 0
+    assert manager.has_resumable_turn("alice")
+    assert not manager.has_resumable_turn("bob")
+
+    result = resume(manager, api, "alice")
+
+    assert result.response == "paid"
+    assert result.resumed
+    assert not result.restarted
+    assert result.thread_id == thread
+    assert len(card.runs) == 4
+    assert not manager.has_resumable_turn("alice")
+    assert checkpoints(saver, thread, "alice") == 0  # completed: purged
+
+
+def test_tm4_pointer_file_is_json_with_a_wall_clock_stamp_and_expires(
+    open_saver: Opener, tmp_path: Path
+) -> None:
+    now = [1_000_000.0]
+    manager, _, _ = failing_then_fixed(tmp_path, lambda: open_saver(clock=lambda: now[0]))
+    with pytest.raises(TurnFailedError):
+        manager.run_turn("alice", "pay")
+    document = json.loads((tmp_path / "resumable.json").read_text())
+    entry = document["turns"]["alice"]
+    assert entry["status"] == "failed"
+    assert entry["stamp"] == now[0]
+    assert not list(tmp_path.glob("resumable.json.*.tmp"))  # written through a replaced temporary
+
+    now[0] += 3599
+    assert manager.has_resumable_turn("alice")
+    now[0] += 2  # past the default time to live, 3600 s
+    assert not manager.has_resumable_turn("alice")
+    with pytest.raises(NoResumableTurnError):
+        manager.resume_last_turn("alice")
+
+
+def test_tm4_clear_resumable_drops_one_or_all_and_deletes_the_kept_threads(
+    open_saver: Opener, tmp_path: Path
+) -> None:
+    manager, _, saver = failing_then_fixed(tmp_path, open_saver, failures=100)
+    threads = {}
+    for user in ("alice", "bob", "carol"):
+        with pytest.raises(TurnFailedError) as raised:
+            manager.run_turn(user, "pay")
+        threads[user] = raised.value.context["thread_id"]
+
+    assert manager.clear_resumable("alice") == ["alice"]
+    assert not manager.has_resumable_turn("alice")
+    assert manager.has_resumable_turn("bob")
+    assert checkpoints(saver, threads["alice"], "alice") == 0
+    assert sorted(manager.clear_resumable()) == ["bob", "carol"]
+    assert checkpoints(saver, threads["bob"], "bob") == 0
+    assert not manager.has_resumable_turn("carol")
+
+
+def test_tm4_disabled_resume_ignores_the_file(open_saver: Opener, tmp_path: Path) -> None:
+    manager, _, saver = failing_then_fixed(tmp_path, open_saver)
+    with pytest.raises(TurnFailedError):
+        manager.run_turn("alice", "pay")
+    off = TurnManager(manager.graph, saver, settings=settings(tmp_path, resume_enabled=False))
+    assert not off.has_resumable_turn("alice")
+    with pytest.raises(NoResumableTurnError, match="resume is off"):
+        off.resume_last_turn("alice")
+
+
+def test_tm4_a_new_manager_resumes_from_the_file(open_saver: Opener, tmp_path: Path, provider: Any) -> None:
+    """A fresh manager (as after a restart) finds the turn in the file; on memory, whose
+    checkpoints do not outlive the store, the turn restarts from its message and says so."""
+    manager, _card, _ = failing_then_fixed(tmp_path, open_saver)
+    with pytest.raises(TurnFailedError):
+        manager.run_turn("alice", "pay")
+    fresh_saver = open_saver(fresh=provider.name == "memory")
+    again = TurnManager(manager.graph.builder, fresh_saver, settings=settings(tmp_path, resume_enabled=True))
+
+    assert again.has_resumable_turn("alice")
+    result = again.resume_last_turn("alice")
+
+    assert result.response == "paid"
+    assert result.restarted is (provider.name == "memory")
+    if result.restarted:
+        assert result.messages[0].text == "pay"
+
+
+def test_tm4_end_turn_without_a_turn_in_progress_is_none(open_saver: Opener, tmp_path: Path) -> None:
+    manager = TurnManager(agent_graph(ScriptedChatModel(script=[answer("x")]), [lookup]), open_saver())
+    assert manager.end_turn("alice", keep_for_resume=True) is None
