@@ -6,6 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +19,13 @@ import pytest
 from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 from langchain_core.tools import tool
 
-from tests.providers import Opener
+from tests.providers import (
+    REDIS_URL,
+    Opener,
+    ProviderCase,
+    postgres_schema,
+    track_redis_prefix,
+)
 from tests.turn_agents import ScriptedChatModel, agent_graph, answer, call, calls
 from threadkeep import (
     NoResumableTurnError,
@@ -391,3 +403,94 @@ def test_tm4_a_new_manager_resumes_from_the_file(open_saver: Opener, tmp_path: P
 def test_tm4_end_turn_without_a_turn_in_progress_is_none(open_saver: Opener, tmp_path: Path) -> None:
     manager = TurnManager(agent_graph(ScriptedChatModel(script=[answer("x")]), [lookup]), open_saver())
     assert manager.end_turn("alice", keep_for_resume=True) is None
+
+
+# TM4 across a real process restart -------------------------------------------------------------
+
+
+def worker_options(provider: ProviderCase, tmp_path: Path) -> dict[str, Any]:
+    """How a worker process opens the same store as the test (``tests.turn_workers``)."""
+    unique = uuid.uuid4().hex
+    base: dict[str, Any] = {
+        "provider": provider.name,
+        "store": {},
+        "state_path": str(tmp_path / "resumable.json"),
+        "marker": str(tmp_path / "marker"),
+        "runs": str(tmp_path / "runs"),
+        "user": "alice",
+    }
+    if provider.name == "sqlite":
+        return {**base, "conn": str(tmp_path / "store.sqlite")}
+    if provider.name == "postgres":
+        return {**base, "conn": postgres_schema(unique)}
+    if provider.name == "redis":
+        return {
+            **base,
+            "conn": REDIS_URL,
+            "store": {"key_prefix": track_redis_prefix(f"tktest{unique[:12]}")},
+        }
+    assert provider.name == "tiered"
+    prefix = track_redis_prefix(f"tktestc{unique[:12]}")
+    return {
+        **base,
+        "conn": postgres_schema(unique),
+        "cache_url": REDIS_URL,
+        "store": {"cache_prefix": prefix},
+    }
+
+
+def start_worker(job: str, options: dict[str, Any]) -> subprocess.Popen[str]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    return subprocess.Popen(
+        [sys.executable, "-m", "tests.turn_workers", job, json.dumps(options)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def wait_for(path: str, process: subprocess.Popen[str], seconds: float = 60) -> None:
+    deadline = time.monotonic() + seconds
+    while not Path(path).exists():
+        if process.poll() is not None:
+            raise AssertionError(f"the worker exited ({process.returncode}): {process.stderr.read()}")  # type: ignore[union-attr]
+        assert time.monotonic() < deadline, f"the worker did not reach {path}"
+        time.sleep(0.02)
+
+
+def runs(path: str) -> list[tuple[str, int]]:
+    return [(tool, int(pid)) for tool, pid in (line.split() for line in Path(path).read_text().splitlines())]
+
+
+@pytest.mark.providers("sqlite", "postgres", "redis", "tiered")
+def test_tm4_a_turn_killed_mid_step_resumes_in_a_new_process(provider: ProviderCase, tmp_path: Path) -> None:
+    """SIGKILL while the turn's second tool runs; a new process resumes the turn from the
+    store: the completed step (lookup) does not run again, the cut one (slow) does."""
+    options = worker_options(provider, tmp_path)
+    first = start_worker("run", options)
+    try:
+        wait_for(options["marker"], first)
+    finally:
+        first.send_signal(signal.SIGKILL)
+        first.wait(timeout=30)
+    assert first.returncode == -signal.SIGKILL
+    entry = json.loads(Path(options["state_path"]).read_text())["turns"]["alice"]
+    assert entry["status"] == "running"  # written as the turn started; the crash left it
+
+    second = start_worker("resume", options)
+    out, err = second.communicate(timeout=120)
+    assert second.returncode == 0, err
+
+    result = json.loads(out.strip().splitlines()[-1])
+    assert result == {
+        "response": "found invoice 7 / charged 500",
+        "resumed": True,
+        "restarted": False,
+        "thread_id": entry["thread_id"],
+    }
+    ran = runs(options["runs"])
+    assert [tool for tool, _ in ran] == ["lookup", "slow", "slow"]
+    assert ran[0][1] == ran[1][1] == first.pid
+    assert ran[2][1] == second.pid
+    assert json.loads(Path(options["state_path"]).read_text())["turns"] == {}
