@@ -5,6 +5,7 @@ graph.compile(checkpointer=threadkeep.open_checkpointer())
 
 from threadkeep.codec import CheckpointedException, FaithfulCodec
 from threadkeep.core.identity import ANONYMOUS, operator_scope, user_scope
+from threadkeep.core.ledger import ToolCall
 from threadkeep.core.retention import PlatformRetention, ThreadRetention, declare_retention
 from threadkeep.errors import (
     CheckpointDeleteError,
@@ -58,6 +59,7 @@ __all__ = [
     "ThreadRetentionError",
     "ThreadkeepError",
     "ThreadkeepSaver",
+    "ToolCall",
     "ToolCallError",
     "ToolFailure",
     "TurnFailedError",
