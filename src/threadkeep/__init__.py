@@ -31,7 +31,7 @@ from threadkeep.registry import close_savers, saver_for
 from threadkeep.saver import ProviderFacts, ThreadkeepSaver
 from threadkeep.settings import Settings
 from threadkeep.sweep import SweepResult, register_live_thread_filter, sweep_checkpoints
-from threadkeep.turns import ToolFailure, TurnManager, TurnResult
+from threadkeep.turns import ToolFailure, TurnManager, TurnResult, current_idempotency_key, replay_safe
 
 __all__ = [
     "ANONYMOUS",
@@ -68,11 +68,13 @@ __all__ = [
     "arun_agent",
     "ask",
     "close_savers",
+    "current_idempotency_key",
     "declare_retention",
     "facts_of",
     "open_checkpointer",
     "operator_scope",
     "register_live_thread_filter",
+    "replay_safe",
     "run_agent",
     "saver_for",
     "sweep_checkpoints",

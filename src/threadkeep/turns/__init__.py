@@ -3,5 +3,14 @@ calls that never run twice. ``docs/turns.md`` tells how to use them."""
 
 from threadkeep.turns.manager import TurnManager, TurnResult
 from threadkeep.turns.plan import ToolFailure
+from threadkeep.turns.replay import ReplaySafeTool, current_idempotency_key, ledger_scope, replay_safe
 
-__all__ = ["ToolFailure", "TurnManager", "TurnResult"]
+__all__ = [
+    "ReplaySafeTool",
+    "ToolFailure",
+    "TurnManager",
+    "TurnResult",
+    "current_idempotency_key",
+    "ledger_scope",
+    "replay_safe",
+]

@@ -47,6 +47,7 @@ from threadkeep.turns.plan import (
     unanswered_calls,
 )
 from threadkeep.turns.pointers import Pointer, PointerFile
+from threadkeep.turns.replay import ledger_scope
 
 __all__ = ["TurnManager", "TurnResult"]
 
@@ -570,11 +571,11 @@ class TurnManager:
 
     def _drive(self, turn: _Turn, timeout: float | None) -> TurnResult:
         deadline = None if timeout is None else time.monotonic() + timeout
-        with user_scope(turn.user_id):
+        with user_scope(turn.user_id), ledger_scope(self.saver):
             return drive(self._program(turn, deadline), self._execute)
 
     async def _adrive(self, turn: _Turn) -> TurnResult:
-        with user_scope(turn.user_id):
+        with user_scope(turn.user_id), ledger_scope(self.saver):
             return await drive_async(self._program(turn, None), self._aexecute)
 
     def _execute(self, request: Any) -> Any:
