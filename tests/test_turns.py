@@ -5,11 +5,13 @@ scripted ``BaseChatModel``."""
 from __future__ import annotations
 
 import asyncio
+import http.server
 import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -494,3 +496,80 @@ def test_tm4_a_turn_killed_mid_step_resumes_in_a_new_process(provider: ProviderC
     assert ran[0][1] == ran[1][1] == first.pid
     assert ran[2][1] == second.pid
     assert json.loads(Path(options["state_path"]).read_text())["turns"] == {}
+
+
+class PaymentProcessor:
+    """A fake payment processor on localhost: counts every charge request per idempotency
+    key, and answers a repeated key with the first receipt (as real processors do)."""
+
+    def __init__(self) -> None:
+        self.requests: dict[str, int] = {}
+        self.receipts: dict[str, str] = {}
+        processor = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                key = self.headers["Idempotency-Key"]
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                processor.requests[key] = processor.requests.get(key, 0) + 1
+                receipt = processor.receipts.setdefault(key, f"receipt-{len(processor.receipts) + 1}")
+                text = f"{receipt} for {body['amount']}".encode()
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(text)))
+                self.end_headers()
+                self.wfile.write(text)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}/charges"
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.mark.providers("sqlite", "postgres", "redis", "tiered")
+def test_tm5_a_charge_survives_sigkill_and_resume_once(provider: ProviderCase, tmp_path: Path) -> None:
+    """The worker is SIGKILLed after the processor charged the card and the ledger recorded
+    it, before the step's checkpoint; a new worker resumes the turn: the processor saw one
+    charge, and the answer carries the recorded receipt."""
+    processor = PaymentProcessor()
+    try:
+        options = {**worker_options(provider, tmp_path), "processor": processor.url}
+        first = start_worker("run", options)
+        try:
+            wait_for(options["marker"], first)
+        finally:
+            first.send_signal(signal.SIGKILL)
+            first.wait(timeout=30)
+        assert list(processor.requests.values()) == [1]
+        if provider.name == "tiered":
+            forget_cache(options)  # the cache is lost too: the turn resumes from Postgres
+
+        second = start_worker("resume", options)
+        out, err = second.communicate(timeout=120)
+        assert second.returncode == 0, err
+    finally:
+        processor.close()
+
+    result = json.loads(out.strip().splitlines()[-1])
+    assert result["response"] == "found invoice 7 / charged 500: receipt-1 for 500"
+    assert list(processor.requests.values()) == [1]  # exactly one charge, under one key
+    ran = [tool for tool, _ in runs(options["runs"])]
+    assert ran == ["lookup", "slow", "charge_card", "slow"]  # the charge did not run again
+
+
+def forget_cache(options: dict[str, Any]) -> None:
+    """Delete every key of the tiered store's Redis cache (its prefix)."""
+    import redis
+
+    client = redis.Redis.from_url(REDIS_URL)
+    for key in client.scan_iter(match=f"{options['store']['cache_prefix']}*", count=1000):
+        client.delete(key)

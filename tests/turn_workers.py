@@ -20,6 +20,7 @@ import json
 import os
 import sys
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,7 @@ from langchain_core.messages import AIMessage, ToolMessage
 from langchain_core.tools import tool
 
 from tests.turn_agents import ScriptedChatModel, agent_graph, answer, call, calls
-from threadkeep import Settings, TurnManager, open_checkpointer
+from threadkeep import Settings, TurnManager, current_idempotency_key, open_checkpointer, replay_safe
 
 
 def _log(options: dict[str, Any], line: str) -> None:
@@ -46,15 +47,29 @@ def crash_agent(options: dict[str, Any], *, block: bool) -> Any:
         _log(options, "lookup")
         return f"found {query}"
 
+    @replay_safe
+    def charge_card(amount: int) -> str:
+        """Ask the payment processor to charge ``amount``, under the call's idempotency key."""
+        _log(options, "charge_card")
+        request = urllib.request.Request(
+            options["processor"],
+            data=json.dumps({"amount": amount}).encode(),
+            headers={"Idempotency-Key": current_idempotency_key()},
+            method="POST",
+        )
+        with urllib.request.urlopen(request, timeout=30) as reply:
+            return str(reply.read().decode())
+
     @tool
     def slow(amount: int) -> str:
         """Charge ``amount``, slowly."""
         _log(options, "slow")
-        if block:
+        receipt = charge_card(amount) if options.get("processor") else None
+        if block:  # the charge returned (and is in the ledger); the step's checkpoint is not
             Path(options["marker"]).write_text("in slow")
             while True:
                 time.sleep(60)
-        return f"charged {amount}"
+        return f"charged {amount}" + (f": {receipt}" if receipt else "")
 
     def decide(messages: list[Any]) -> AIMessage:
         results = [m for m in messages if isinstance(m, ToolMessage)]
