@@ -241,6 +241,38 @@ def test_tm2_a_failure_in_a_later_round_trip_keeps_the_earlier_ones(
     assert len(model.prompts) == 4  # the lookup's decision was not made again
 
 
+def test_tm4_a_turn_past_its_timeout_fails_and_is_kept(open_saver: Opener, tmp_path: Path) -> None:
+    model = ScriptedChatModel(script=[calls(call("lookup", query="x")), answer("done")])
+    manager = TurnManager(
+        agent_graph(model, [lookup]), open_saver(), settings=settings(tmp_path, resume_enabled=True)
+    )
+
+    with pytest.raises(TurnFailedError, match="timed out") as raised:
+        manager.run_turn("alice", "hi", timeout=0)  # past it after the first step
+
+    assert isinstance(raised.value.__cause__, TimeoutError)
+    assert manager.has_resumable_turn("alice")
+    assert manager.resume_last_turn("alice").response == "done"
+
+
+def test_tm4_an_async_turn_cancelled_by_asyncio_timeout_is_kept(open_saver: Opener, tmp_path: Path) -> None:
+    model = ScriptedChatModel(script=[calls(call("lookup", query="x")), answer("done")])
+    manager = TurnManager(
+        agent_graph(model, [lookup]), open_saver(), settings=settings(tmp_path, resume_enabled=True)
+    )
+
+    async def bounded() -> None:
+        async with asyncio.timeout(0):
+            await manager.arun_turn("alice", "hi")
+
+    with pytest.raises(TimeoutError):
+        asyncio.run(bounded())
+    entry = json.loads((tmp_path / "resumable.json").read_text())["turns"]["alice"]
+    assert entry["status"] == "failed"
+    assert entry["error"] == "cancelled"
+    assert asyncio.run(manager.aresume_last_turn("alice")).response == "done"
+
+
 # TM1, TM3: threads, purge, isolation -------------------------------------------------------
 
 

@@ -278,9 +278,6 @@ class TurnManager:
                 outcome = yield run
             except Exception as error:
                 outcome = _Outcome(error=error)
-            except asyncio.CancelledError:  # arun_turn cancelled (asyncio.timeout): end it, go on
-                yield from self._end_cancelled(turn)
-                raise
             if outcome.error is None and not outcome.failed and not outcome.timed_out:
                 break
             if outcome.timed_out or isinstance(outcome.error, StorageError):
@@ -576,7 +573,11 @@ class TurnManager:
 
     async def _adrive(self, turn: _Turn) -> TurnResult:
         with user_scope(turn.user_id), ledger_scope(self.saver):
-            return await drive_async(self._program(turn, None), self._aexecute)
+            try:
+                return await drive_async(self._program(turn, None), self._aexecute)
+            except asyncio.CancelledError:  # cancelled (asyncio.timeout): end the turn, go on
+                await drive_async(self._end_cancelled(turn), self._aexecute)
+                raise
 
     def _execute(self, request: Any) -> Any:
         graph, saver = self.graph, self.saver
