@@ -250,3 +250,40 @@ def test_tm5_another_users_thread_is_not_replayed_into(open_saver: Opener) -> No
     assert len(saver.tool_calls(cfg)) == 1
     bob = {"configurable": {**cfg["configurable"], "user_id": "bob"}}
     assert saver.tool_calls(bob) == []
+
+
+@pytest.mark.parametrize("api", APIS)
+def test_tm5_in_a_turn_the_ledger_goes_with_the_purged_thread(
+    open_saver: Opener, tmp_path: Any, api: str
+) -> None:
+    """A TurnManager turn records its replay-safe calls in the turn's saver without a
+    ledger_scope of its own, and its purge deletes them with the thread."""
+    from langgraph.config import get_config
+
+    from tests.turn_agents import ScriptedChatModel, agent_graph, answer
+    from threadkeep import Settings, TurnManager
+
+    saver, processor = open_saver(), Processor()
+    begun: list[Any] = []
+
+    @tool
+    def charge(amount: int) -> str:
+        """Charge ``amount``."""
+        configurable = get_config()["configurable"]
+        own = {"configurable": {"thread_id": configurable["thread_id"], "user_id": configurable["user_id"]}}
+        begun.extend(saver.tool_calls(own))
+        return processor.charge(amount)
+
+    model = ScriptedChatModel(script=[calls(call("charge", "pay", amount=5)), answer("paid")])
+    settings = Settings(resume_state_path=str(tmp_path / "r.json"))
+    manager = TurnManager(agent_graph(model, [replay_safe(charge)]), saver, settings=settings)
+
+    if api == "sync":
+        result = manager.run_turn("alice", "pay")
+    else:
+        result = asyncio.run(manager.arun_turn("alice", "pay"))
+
+    assert result.response == "paid"
+    (entry,) = begun  # begun in the ledger before it ran
+    assert (entry.call_id, entry.status, entry.key) == ("pay", "started", processor.charges[0][0])
+    assert saver.tool_calls({"configurable": {"thread_id": result.thread_id, "user_id": "alice"}}) == []
