@@ -12,7 +12,7 @@ always with ``raise ... from exc`` so the original stays on ``__cause__``::
     ├── CheckpointStoreFormatError       STORE_FORMAT_001 unavailable (store needs a reset)
     ├── ThreadRetentionError             RETENTION_001   invalid
     ├── ParkRefusedError                 PARK_001        invalid      (ask() cannot park here)
-    ├── InvalidInputError                INPUT_001       invalid      (an id no store can key)
+    ├── InvalidInputError                INPUT_001       invalid      (a bad id; a refused tool-call end)
     ├── TurnFailedError                  TURN_001        unavailable  (retries spent; SPEC TM2)
     ├── NoResumableTurnError             TURN_002        invalid      (nothing to resume; TM4)
     ├── ToolCallError                    TOOL_001        unavailable  (a tool call failed; TM5)
@@ -157,7 +157,11 @@ class InvalidInputError(ThreadkeepError):
     than its limit (see :mod:`threadkeep.core.ids`). Refused before any I/O: the call read
     and stored nothing, and is not retried. ``context`` names the ``field`` and the
     ``problem`` (``type``, ``surrogate``, ``nul``, ``too_long``), with ``position`` or
-    ``size`` and ``limit``, and the ``value``'s first 40 characters."""
+    ``size`` and ``limit``, and the ``value``'s first 40 characters.
+
+    Also an ``end_tool_call`` the ledger refuses, having stored nothing (``problem``
+    ``outcome``: not exactly one of result and error; ``not_begun``; ``ended``: the call
+    ended otherwise already), with the ``thread_id``, ``message_id`` and ``call_id``."""
 
     default_code = "INPUT_001"
     kind: ClassVar[ErrorKind] = "invalid"

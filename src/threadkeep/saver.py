@@ -785,7 +785,7 @@ class ThreadkeepSaver(BaseCheckpointSaver[str]):
                 first outcome).
             StorageForbiddenError: the thread belongs to another user.
         """
-        self._run(self._end_call(config, message_id, call_id, result, error), write=True, atomic=False)
+        self._run(self._end_call(config, message_id, call_id, result, error), write=True)
 
     async def aend_tool_call(
         self,
@@ -797,7 +797,7 @@ class ThreadkeepSaver(BaseCheckpointSaver[str]):
         error: str | None = None,
     ) -> None:
         """Async :meth:`end_tool_call`."""
-        await self._arun(self._end_call(config, message_id, call_id, result, error), write=True, atomic=False)
+        await self._arun(self._end_call(config, message_id, call_id, result, error), write=True)
 
     def _tool_calls(self, config: RunnableConfig) -> ProgramFactory[builtins.list[ToolCall]]:
         target, serde = self._target(config), self.serde

@@ -392,3 +392,64 @@ def test_r1_a_thread_whose_ledger_redis_evicted_is_refused_not_read_as_empty(ope
         saver.begin_tool_call(cfg("t"), "m1", "c1", "charge")
     with pytest.raises(CheckpointSerializationError, match="lost its tool-call ledger"):
         saver.get_tuple(cfg("t"))
+
+
+def test_w4_a_begin_run_again_after_its_reply_was_lost_is_still_its_own(saver: ThreadkeepSaver) -> None:
+    """A store retries a call whose reply was lost by running its program again: the entry
+    the first try recorded is still this call's (fresh), and nobody else's."""
+    from threadkeep.core.ledger import prepare_begin
+
+    step = prepare_begin(cfg("t"), "m1", "c1", "charge", isolate=True, now=1.0)
+    engine = saver.backend.engine
+    tries = [
+        engine.run(lambda: saver.backend.begin_tool_call(step), write=True, atomic=False) for _ in range(2)
+    ]
+    assert [step.entry(stored, saver.serde).fresh for stored in tries] == [True, True]
+    assert saver.begin_tool_call(cfg("t"), "m1", "c1", "charge").fresh is False
+
+
+def test_tm5_racing_ends_of_a_call_record_one_outcome(saver: ThreadkeepSaver) -> None:
+    """Of ends racing with different outcomes, one is recorded; every other is refused."""
+    write(saver, "t")
+    for round_ in range(5):
+        saver.begin_tool_call(cfg("t"), "m1", f"c{round_}", "charge")
+        barrier, outcomes = threading.Barrier(4), []
+
+        def end(
+            n: int, round_: int = round_, barrier: threading.Barrier = barrier, outcomes: list[str] = outcomes
+        ) -> None:
+            barrier.wait()
+            try:
+                saver.end_tool_call(cfg("t"), "m1", f"c{round_}", result=f"ender {n}")
+            except InvalidInputError:
+                outcomes.append("refused")
+            else:
+                outcomes.append(f"ender {n}")
+
+        workers = [threading.Thread(target=end, args=(n,)) for n in range(4)]
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join()
+        (winner,) = [outcome for outcome in outcomes if outcome != "refused"]
+        assert outcomes.count("refused") == 3
+        (entry,) = [e for e in saver.tool_calls(cfg("t")) if e.call_id == f"c{round_}"]
+        assert (entry.status, entry.result) == ("succeeded", winner)
+
+
+@pytest.mark.providers("redis")
+def test_r2_the_ledger_carries_the_threads_waiting_retention(open_saver: Opener) -> None:
+    import redis
+
+    saver = open_saver()
+    saver.backend.ttl_ms = 60_000  # type: ignore[attr-defined]  # a one-minute waiting retention
+    saver.begin_tool_call(cfg("t"), "m1", "c1", "charge")
+    client, keys = redis.Redis.from_url(REDIS_URL), saver.backend.space.thread("t")  # type: ignore[attr-defined]
+    calls, thread = client.pttl(keys[-1]), client.pttl(keys[0])
+    assert 50_000 < calls <= 60_000
+    assert abs(calls - thread) < 1_000  # one deadline for the thread's keys
+    client.pexpire(keys[-1], 1_000)
+    saver.tool_calls(cfg("t"))
+    assert client.pttl(keys[-1]) <= 1_000  # a read does not extend it
+    saver.end_tool_call(cfg("t"), "m1", "c1", result=1)
+    assert client.pttl(keys[-1]) > 50_000  # a write does

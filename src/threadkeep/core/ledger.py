@@ -179,7 +179,12 @@ class CallEnd:
             InvalidInputError: the ledger has no such entry, or it ended otherwise.
         """
         where = f"tool call {self.call_id!r} of message {self.message_id!r} on thread {self.thread_id!r}"
-        context = {"thread_id": self.thread_id, "message_id": self.message_id, "call_id": self.call_id}
+        context = {
+            "field": "call_id",
+            "thread_id": self.thread_id,
+            "message_id": self.message_id,
+            "call_id": self.call_id,
+        }
         if stored is None:
             raise InvalidInputError(
                 f"{where} was never begun: call begin_tool_call first. Nothing was stored.",

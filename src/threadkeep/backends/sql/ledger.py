@@ -3,9 +3,10 @@
 A thread's entries are rows of ``tk_tool_calls``, keyed by the thread's ``tid``, the message
 id and the call id, so they go wherever the thread goes: ``copy_thread`` copies them, a
 delete or the sweep deletes them with the thread's other rows, in the same transaction.
-Each program needs no transaction (``atomic=False``): its writes are single guarded
-statements (the owner rule, W3, is in the statement that writes) and what it reads after
-them sees what they, or a concurrent writer of the same entry, committed.
+A begin needs no transaction (``atomic=False``): its write is one guarded statement (the
+owner rule, W3, is in the statement that writes), and the read after it sees what it, or a
+concurrent begin of the same call, committed. An end is one transaction (one round trip),
+so that the dialect may say how it commits (``END_CALL_COMMIT``).
 """
 
 from __future__ import annotations
@@ -36,6 +37,10 @@ class LedgerDialect(Protocol):
     SELECT_CALL: str
     END_CALL: str
     LIST_CALLS: str
+
+    # A statement setting how an end commits, for its transaction only (None: as any write).
+    @property
+    def END_CALL_COMMIT(self) -> str | None: ...
 
 
 def _stored(message_id: str, call_id: str, row: Sequence[Any]) -> StoredCall:
@@ -93,8 +98,8 @@ def begin_tool_call(q: LedgerDialect, step: CallBegin) -> Program[StoredCall]:
 
 
 def end_tool_call(q: LedgerDialect, step: CallEnd) -> Program[None]:
-    """End a started entry with its outcome (one round trip: the guarded update, then the
-    entry as it is now, which decides an update that changed nothing).
+    """End a started entry with its outcome (one round trip, one transaction: the guarded
+    update, then the entry as it is now, which decides an update that changed nothing).
 
     Raises:
         StorageForbiddenError: the thread belongs to another user.
@@ -112,7 +117,10 @@ def end_tool_call(q: LedgerDialect, step: CallEnd) -> Program[None]:
         "now": step.now,
         "required_owner": required_owner(step.actor),
     }
-    ended, rows = yield Batch((Sql(q.END_CALL, params), Sql(q.SELECT_CALL, params)))
+    requests: tuple[Sql, ...] = (Sql(q.END_CALL, params), Sql(q.SELECT_CALL, params))
+    if q.END_CALL_COMMIT is not None:
+        requests = (Sql(q.END_CALL_COMMIT, {}), *requests)
+    *_, ended, rows = yield Batch(requests, ends=True)
     if ended:
         return
     entry = None

@@ -400,7 +400,7 @@ class TieredBackend:
         return stored
 
     def end_tool_call(self, step: CallEnd) -> Program[None]:
-        yield Durable(lambda: self.durable.end_tool_call(step), write=True, atomic=False)
+        yield Durable(lambda: self.durable.end_tool_call(step), write=True)
 
     def tool_calls(self, thread_id: str, owner: str | None) -> Program[list[StoredCall]]:
         stored: list[StoredCall] = yield Durable(lambda: self.durable.tool_calls(thread_id, owner))
