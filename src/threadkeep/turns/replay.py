@@ -320,21 +320,37 @@ class ReplaySafeTool(BaseTool):
 
 @overload
 def replay_safe(
-    tool: BaseTool, *, idempotent: bool = ..., saver: ThreadkeepSaver | None = ...
+    tool: BaseTool,
+    *,
+    idempotent: bool = ...,
+    saver: ThreadkeepSaver | None = ...,
+    messages_key: str = ...,
 ) -> ReplaySafeTool: ...
 
 
 @overload
-def replay_safe(tool: F, *, idempotent: bool = ..., saver: ThreadkeepSaver | None = ...) -> F: ...
+def replay_safe(
+    tool: F, *, idempotent: bool = ..., saver: ThreadkeepSaver | None = ..., messages_key: str = ...
+) -> F: ...
 
 
 @overload
 def replay_safe(
-    tool: None = None, *, idempotent: bool = ..., saver: ThreadkeepSaver | None = ...
+    tool: None = None,
+    *,
+    idempotent: bool = ...,
+    saver: ThreadkeepSaver | None = ...,
+    messages_key: str = ...,
 ) -> Callable[[F], F]: ...
 
 
-def replay_safe(tool: Any = None, *, idempotent: bool = False, saver: ThreadkeepSaver | None = None) -> Any:
+def replay_safe(
+    tool: Any = None,
+    *,
+    idempotent: bool = False,
+    saver: ThreadkeepSaver | None = None,
+    messages_key: str = "messages",
+) -> Any:
     """Make ``tool``'s calls replay-safe: recorded in the thread's ledger, run at most once.
 
     Args:
@@ -345,13 +361,17 @@ def replay_safe(tool: Any = None, *, idempotent: bool = False, saver: Threadkeep
             runs again instead of raising ``TOOL_UNKNOWN_001``.
         saver: The saver whose ledger records the calls; default: the turn's
             (:class:`~threadkeep.TurnManager`) or the enclosing :func:`ledger_scope`'s.
+        messages_key: The state key of the messages (``ToolNode``'s ``messages_key``),
+            where a tool finds the assistant message that issued its call.
 
     Returns:
         A :class:`ReplaySafeTool` for a tool; a function of the same signature otherwise.
         Inside a call, :func:`current_idempotency_key` is the call's idempotency key.
     """
     if tool is None:
-        return lambda wrapped: replay_safe(wrapped, idempotent=idempotent, saver=saver)
+        return lambda wrapped: replay_safe(
+            wrapped, idempotent=idempotent, saver=saver, messages_key=messages_key
+        )
     if isinstance(tool, BaseTool):
         return ReplaySafeTool(
             name=tool.name,
@@ -362,6 +382,7 @@ def replay_safe(tool: Any = None, *, idempotent: bool = False, saver: Threadkeep
             inner=tool,
             idempotent=idempotent,
             saver=saver,
+            messages_key=messages_key,
         )
     name = getattr(tool, "__name__", type(tool).__name__)
     if inspect.iscoroutinefunction(tool):
