@@ -219,6 +219,44 @@ def test_tm2_with_no_rollback_point_the_turn_restarts_on_its_thread(
     assert "first" not in call_ids(result.messages)
 
 
+@pytest.mark.parametrize("api", APIS)
+def test_tm2_plain_tool_functions_in_a_node_of_ones_own(open_saver: Opener, tmp_path: Path, api: str) -> None:
+    """No ToolNode: a node calls ``@tool`` functions itself; a raising one rolls back alike."""
+    from langgraph.graph import START, MessagesState, StateGraph
+    from langgraph.prebuilt import tools_condition
+
+    card = Flaky(failures=1)
+    tools = {"charge": charge_tool(card), "lookup": lookup}
+    model = ScriptedChatModel(
+        script=[
+            calls(call("lookup", "look", query="x"), call("charge", "pay", amount=5)),
+            calls(call("charge", "pay-2", amount=5)),
+            answer("ok"),
+        ]
+    )
+
+    def agent(state: MessagesState) -> dict[str, Any]:
+        return {"messages": [model.invoke(state["messages"])]}
+
+    def run_tools(state: MessagesState) -> dict[str, Any]:
+        return {"messages": [tools[c["name"]].invoke(c) for c in state["messages"][-1].tool_calls]}
+
+    builder = StateGraph(MessagesState)
+    builder.add_node("agent", agent)
+    builder.add_node("tools", run_tools)
+    builder.add_edge(START, "agent")
+    builder.add_conditional_edges("agent", tools_condition)
+    builder.add_edge("tools", "agent")
+    manager = TurnManager(builder, open_saver(), settings=settings(tmp_path))
+
+    result = run(manager, api, "alice", "pay")
+
+    assert result.response == "ok"
+    assert [c["id"] for c in result.failures[0].calls] == ["look", "pay"]
+    assert 'One of the tool calls lookup(query="x"), charge(amount=5) failed' in model.prompts[1][-1].text
+    assert call_ids(result.messages) == {"pay-2"}
+
+
 def test_tm2_a_failure_in_a_later_round_trip_keeps_the_earlier_ones(
     open_saver: Opener, tmp_path: Path
 ) -> None:
