@@ -538,11 +538,14 @@ def runs(path: str) -> list[tuple[str, int]]:
 
 
 @pytest.mark.providers("memory", "sqlite", "postgres", "redis", "tiered")
-def test_tm4_a_turn_killed_mid_step_resumes_in_a_new_process(provider: ProviderCase, tmp_path: Path) -> None:
+@pytest.mark.parametrize("api", APIS)
+def test_tm4_a_turn_killed_mid_step_resumes_in_a_new_process(
+    provider: ProviderCase, tmp_path: Path, api: str
+) -> None:
     """SIGKILL while the turn's second tool runs; a new process resumes the turn from the
     store: the completed step (lookup) does not run again, the cut one (slow) does. On
     memory the store died with the process: the turn restarts from its message, and says so."""
-    options = worker_options(provider, tmp_path)
+    options = {**worker_options(provider, tmp_path), "api": api}
     first = start_worker("run", options)
     try:
         wait_for(options["marker"], first)
@@ -613,13 +616,16 @@ class PaymentProcessor:
 
 
 @pytest.mark.providers("sqlite", "postgres", "redis", "tiered")
-def test_tm5_a_charge_survives_sigkill_and_resume_once(provider: ProviderCase, tmp_path: Path) -> None:
+@pytest.mark.parametrize("api", APIS)
+def test_tm5_a_charge_survives_sigkill_and_resume_once(
+    provider: ProviderCase, tmp_path: Path, api: str
+) -> None:
     """The worker is SIGKILLed after the processor charged the card and the ledger recorded
     it, before the step's checkpoint; a new worker resumes the turn: the processor saw one
     charge, and the answer carries the recorded receipt."""
     processor = PaymentProcessor()
     try:
-        options = {**worker_options(provider, tmp_path), "processor": processor.url}
+        options = {**worker_options(provider, tmp_path), "processor": processor.url, "api": api}
         first = start_worker("run", options)
         try:
             wait_for(options["marker"], first)

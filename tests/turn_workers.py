@@ -11,11 +11,13 @@ Jobs:
 Every tool run appends a line ``<tool> <pid>`` to the file ``runs``, so the test sees what
 ran in which process. Options: ``provider``, ``conn``, ``store`` (more ``open_checkpointer``
 options), ``cache_url``, ``state_path``, ``user``, ``marker``, ``runs``, ``ledger`` (wrap the
-tools with ``threadkeep.replay_safe``), ``processor`` (the fake payment processor's URL).
+tools with ``threadkeep.replay_safe``), ``processor`` (the fake payment processor's URL),
+``api`` (``sync`` or ``async``: the TurnManager API the worker calls).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import sys
@@ -92,10 +94,17 @@ def main(job: str, options: dict[str, Any]) -> int:
         options["provider"], options["conn"], settings=settings, **options["store"]
     ) as saver:
         manager = TurnManager(crash_agent(options, block=job == "run"), saver, settings=settings)
+        asynchronous = options.get("api") == "async"
         if job == "run":
-            manager.run_turn(options["user"], "pay invoice 7")
+            if asynchronous:
+                asyncio.run(manager.arun_turn(options["user"], "pay invoice 7"))
+            else:
+                manager.run_turn(options["user"], "pay invoice 7")
             return 0
-        result = manager.resume_last_turn(options["user"])
+        if asynchronous:
+            result = asyncio.run(manager.aresume_last_turn(options["user"]))
+        else:
+            result = manager.resume_last_turn(options["user"])
         print(
             json.dumps(
                 {
