@@ -191,6 +191,7 @@ def test_tm2_after_max_retries_the_caller_gets_turn_failed_with_the_cause(
     assert len(card.runs) == 3
     assert error.context["resumable"] is False
     assert checkpoints(saver, error.context["thread_id"], "alice") == 0  # resume off: purged
+    assert not (tmp_path / "resumable.json").exists()  # resume off: the file is not written
 
 
 @pytest.mark.parametrize("api", APIS)

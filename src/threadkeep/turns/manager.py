@@ -375,8 +375,7 @@ class TurnManager:
         if kept:
             yield _Point(turn.user_id, turn.thread_id, self._pointer(turn, "failed", error=f"{cause}"))
         else:
-            yield _Purge(turn.thread_id)
-            yield _Point(turn.user_id, turn.thread_id, None)
+            yield from self._purge_failed(turn)
         self._forget(turn)
         last = failures[-1].error if failures else cause
         raise TurnFailedError(
@@ -399,8 +398,16 @@ class TurnManager:
         if self.resume_enabled:
             yield _Point(turn.user_id, turn.thread_id, self._pointer(turn, "failed", error="cancelled"))
         else:
-            yield _Purge(turn.thread_id)
+            yield from self._purge_failed(turn)
         self._forget(turn)
+
+    def _purge_failed(self, turn: _Turn) -> Generator[Any, Any, None]:
+        """Purge a turn that failed; a store that fails the purge too (the turn's own failure
+        may be the store's) leaves the thread to retention, and the turn's error is raised."""
+        try:
+            yield _Purge(turn.thread_id)
+        except Exception as error:
+            logger.warning("turn %s of user %s: could not purge it: %s", turn.thread_id, turn.user_id, error)
 
     def _end_done(
         self, turn: _Turn, state: Any, failures: list[ToolFailure]
