@@ -287,3 +287,22 @@ def test_tm5_in_a_turn_the_ledger_goes_with_the_purged_thread(
     (entry,) = begun  # begun in the ledger before it ran
     assert (entry.call_id, entry.status, entry.key) == ("pay", "started", processor.charges[0][0])
     assert saver.tool_calls({"configurable": {"thread_id": result.thread_id, "user_id": "alice"}}) == []
+
+
+def test_tm5_a_begin_racing_the_threads_first_put_reads_its_entry() -> None:
+    """The thread's row is committed between a begin's insert (which found no thread) and its
+    read (which finds the thread, without the entry): the begin runs again and returns the
+    entry, instead of failing on an entry of NULLs (seen on Postgres with durability async)."""
+    from threadkeep.backends.postgres import queries
+    from threadkeep.backends.sql.ledger import begin_tool_call
+    from threadkeep.core.ledger import prepare_begin
+    from threadkeep.core.program import drive
+
+    step = prepare_begin(config(), "m", "c", "charge", isolate=True, now=1.0)
+    empty = ("alice", None, None, None, None, None, None, None, None, None)
+    stored = ("alice", "charge", step.key, step.claim, "started", None, None, None, 1.0, None)
+    replies = iter([[None, [empty]], [None, [stored]]])
+
+    entry = drive(begin_tool_call(queries, step), lambda request: next(replies))
+
+    assert (entry.claim, entry.status) == (step.claim, "started")

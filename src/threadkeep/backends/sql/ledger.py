@@ -94,6 +94,16 @@ def begin_tool_call(q: LedgerDialect, step: CallBegin) -> Program[StoredCall]:
     check_owner(
         thread_id=step.thread_id, owner=owner, user_id=step.actor.user_id, enforce=step.actor.checks_owner
     )
+    if entry[2] is None:
+        # The thread's row was committed between the insert and the read (its first put
+        # raced this begin, on another connection): the insert found no thread, the read
+        # found it without the entry. Begin again: the insert finds it now.
+        rows = (yield request)[1]
+        if not rows or rows[0][3] is None:
+            raise StorageError(
+                f"thread {step.thread_id!r} changed while a tool call was begun on it; try again"
+            )
+        ((owner, *entry),) = rows
     return _stored(step.message_id, step.call_id, entry)
 
 
