@@ -245,6 +245,26 @@ def _plain_call_id(tool: str, arguments: Any, task_id: str, attempt: int) -> str
     return f"{task_id}:{tool}:{digest}:{seen}"
 
 
+# ToolNode asks for a tool's input schema several times per call: each extension is built once.
+_EXTENDED: dict[tuple[type[BaseModel], str], type[BaseModel]] = {}
+
+
+def _with_messages(base: type[BaseModel], messages_key: str) -> type[BaseModel]:
+    """``base`` with the injected messages argument (``base`` itself if pydantic refuses)."""
+    found = _EXTENDED.get((base, messages_key))
+    if found is None:
+        try:
+            found = create_model(  # type: ignore[call-overload]
+                base.__name__,
+                __base__=base,
+                **{_MESSAGES_ARG: (Annotated[Any, InjectedState(messages_key)], None)},
+            )
+        except Exception:  # a schema pydantic cannot extend: the message is the checkpoint's
+            found = base
+        _EXTENDED[(base, messages_key)] = found
+    return found
+
+
 def _tool_call_id(value: Any) -> str | None:
     """The id of a ``ToolCall`` input (what ``ToolNode`` hands a tool), else ``None``."""
     if isinstance(value, Mapping) and value.get("type") == "tool_call" and value.get("id"):
@@ -275,15 +295,7 @@ class ReplaySafeTool(BaseTool):
         base = self.inner.get_input_schema(config)
         if not issubclass(base, BaseModel):  # a pydantic.v1 schema: the message is the checkpoint's
             return cast(type[BaseModel], base)
-        try:
-            extended: type[BaseModel] = create_model(  # type: ignore[call-overload]
-                base.__name__,
-                __base__=base,
-                **{_MESSAGES_ARG: (Annotated[Any, InjectedState(self.messages_key)], None)},
-            )
-            return extended
-        except Exception:  # a schema pydantic cannot extend: the message is the checkpoint's
-            return base
+        return _with_messages(base, self.messages_key)
 
     def _prepared(self, input: Any) -> tuple[Any, str | None, str | None]:
         """The input without the injected messages; the call's id and its message's id."""
