@@ -14,6 +14,7 @@ from threadkeep.errors import (
     ConfigurationError,
     InvalidInputError,
     MissingExtraError,
+    NoResumableTurnError,
     ParkRefusedError,
     StaleStateError,
     StorageError,
@@ -21,6 +22,8 @@ from threadkeep.errors import (
     StorageRefusedError,
     ThreadkeepError,
     ThreadRetentionError,
+    ToolCallError,
+    TurnFailedError,
 )
 from threadkeep.owners import RunGroup, RunOutcome, arun_agent, ask, run_agent
 from threadkeep.providers import facts_of, open_checkpointer
@@ -28,6 +31,7 @@ from threadkeep.registry import close_savers, saver_for
 from threadkeep.saver import ProviderFacts, ThreadkeepSaver
 from threadkeep.settings import Settings
 from threadkeep.sweep import SweepResult, register_live_thread_filter, sweep_checkpoints
+from threadkeep.turns import ToolFailure, TurnManager, TurnResult, current_idempotency_key, replay_safe
 
 __all__ = [
     "ANONYMOUS",
@@ -39,6 +43,7 @@ __all__ = [
     "FaithfulCodec",
     "InvalidInputError",
     "MissingExtraError",
+    "NoResumableTurnError",
     "ParkRefusedError",
     "PlatformRetention",
     "ProviderFacts",
@@ -55,14 +60,21 @@ __all__ = [
     "ThreadkeepError",
     "ThreadkeepSaver",
     "ToolCall",
+    "ToolCallError",
+    "ToolFailure",
+    "TurnFailedError",
+    "TurnManager",
+    "TurnResult",
     "arun_agent",
     "ask",
     "close_savers",
+    "current_idempotency_key",
     "declare_retention",
     "facts_of",
     "open_checkpointer",
     "operator_scope",
     "register_live_thread_filter",
+    "replay_safe",
     "run_agent",
     "saver_for",
     "sweep_checkpoints",
