@@ -869,16 +869,6 @@ WHERE tid = (SELECT tid FROM tk_threads
 RETURNING tid
 """
 
-# An end is acknowledged without waiting for its WAL flush: committed, so a worker that
-# crashes after it leaves it seen by every other; durable with the next flush of any write
-# (the put of the step that follows it flushes it too: WAL is flushed in order), and lost
-# only by a crash of Postgres itself before that (about wal_writer_delay), which leaves the
-# call started: of unknown outcome, never run twice. A begin waits for its flush as every
-# write does: a begin lost after its tool ran would let the tool run again.
-# Measured (bench/ledger.py, this repository's machine): a flush costs about 1.2 ms, the
-# rest of an end 0.2 ms.
-END_CALL_COMMIT = "SET LOCAL synchronous_commit = off"
-
 # Oldest first: by when each was begun, then in the order they were recorded.
 LIST_CALLS = """
 SELECT c.message_id, c.call_id, c.tool, c.key, c.claim, c.status, c.type, c.value, c.error,

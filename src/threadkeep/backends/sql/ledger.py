@@ -5,8 +5,8 @@ id and the call id, so they go wherever the thread goes: ``copy_thread`` copies 
 delete or the sweep deletes them with the thread's other rows, in the same transaction.
 A begin needs no transaction (``atomic=False``): its write is one guarded statement (the
 owner rule, W3, is in the statement that writes), and the read after it sees what it, or a
-concurrent begin of the same call, committed. An end is one transaction (one round trip),
-so that the dialect may say how it commits (``END_CALL_COMMIT``).
+concurrent begin of the same call, committed. An end is one transaction (one round trip).
+Each commits as every write does: acknowledged once the store says it is durable.
 """
 
 from __future__ import annotations
@@ -37,10 +37,6 @@ class LedgerDialect(Protocol):
     SELECT_CALL: str
     END_CALL: str
     LIST_CALLS: str
-
-    # A statement setting how an end commits, for its transaction only (None: as any write).
-    @property
-    def END_CALL_COMMIT(self) -> str | None: ...
 
 
 def _stored(message_id: str, call_id: str, row: Sequence[Any]) -> StoredCall:
@@ -127,10 +123,7 @@ def end_tool_call(q: LedgerDialect, step: CallEnd) -> Program[None]:
         "now": step.now,
         "required_owner": required_owner(step.actor),
     }
-    requests: tuple[Sql, ...] = (Sql(q.END_CALL, params), Sql(q.SELECT_CALL, params))
-    if q.END_CALL_COMMIT is not None:
-        requests = (Sql(q.END_CALL_COMMIT, {}), *requests)
-    *_, ended, rows = yield Batch(requests, ends=True)
+    ended, rows = yield Batch((Sql(q.END_CALL, params), Sql(q.SELECT_CALL, params)), ends=True)
     if ended:
         return
     entry = None

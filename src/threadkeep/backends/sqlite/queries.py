@@ -566,10 +566,6 @@ WHERE tid = (SELECT tid FROM tk_threads
 RETURNING tid
 """
 
-# An end commits as every write does (synchronous=NORMAL in WAL mode: durable once
-# committed against a crash of the process, as the put that follows it).
-END_CALL_COMMIT = None
-
 # Oldest first: by when each was begun, then in the order they were recorded.
 LIST_CALLS = """
 SELECT c.message_id, c.call_id, c.tool, c.key, c.claim, c.status, c.type, c.value, c.error,
