@@ -37,6 +37,16 @@ def test_sv3_demo_runs_on_the_configured_store_and_compares_sizes(store_path: Pa
         assert saver.stats()["threads"] == 1
 
 
+def test_issue37_demo_shows_a_rollback_and_a_resumed_turn_that_pays_once(store_path: Path) -> None:
+    result = CliRunner().invoke(main, ["demo", "--turns", "1"])
+    assert result.exit_code == 0, result.output
+    assert "turn 1, attempt 1: TimeoutError: the card processor did not answer" in result.output
+    assert "rolled back to the decision before the call" in result.output
+    assert "turn 1, attempt 2: Paid: receipt 1 for 500." in result.output
+    assert "turn 2 resumed (has_resumable_turn: True): Paid: receipt 2 for 500." in result.output
+    assert "the card processor charged 2 time(s)" in result.output
+
+
 def test_sv3_store_check_reports_a_ready_store(store_path: Path) -> None:
     CliRunner().invoke(main, ["demo", "--turns", "1"])
     result = CliRunner().invoke(main, ["store", "check"])

@@ -43,7 +43,7 @@ def main() -> None:
 @click.option("--turns", default=8, show_default=True, type=click.IntRange(1, 500))
 def demo(turns: int) -> None:
     """Run a scripted tool-calling agent on the configured store and show what it stored."""
-    from threadkeep.demo import run_demo
+    from threadkeep.demo import run_demo, run_turns_demo
 
     click.echo(f"Running {turns} turns of a scripted tool-calling agent (no network) ...")
     report = run_demo(turns)
@@ -56,9 +56,12 @@ def demo(turns: int) -> None:
     click.echo(f"  threadkeep ({report.provider}):  {report.threadkeep_bytes:>12,}")
     if report.langgraph_bytes is None:
         click.echo("  (to compare with LangGraph's SqliteSaver: pip install langgraph-checkpoint-sqlite)")
-        return
-    ratio = report.langgraph_bytes / max(report.threadkeep_bytes, 1)
-    click.echo(f"  LangGraph SqliteSaver:   {report.langgraph_bytes:>12,}  ({ratio:.1f}x more)")
+    else:
+        ratio = report.langgraph_bytes / max(report.threadkeep_bytes, 1)
+        click.echo(f"  LangGraph SqliteSaver:   {report.langgraph_bytes:>12,}  ({ratio:.1f}x more)")
+    click.echo("\nturns (docs/turns.md): a tool that fails once, and a turn cut off after its payment:")
+    for line in run_turns_demo().lines:
+        click.echo(f"  {line}")
 
 
 @main.group()

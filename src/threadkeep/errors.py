@@ -12,7 +12,12 @@ always with ``raise ... from exc`` so the original stays on ``__cause__``::
     ├── CheckpointStoreFormatError       STORE_FORMAT_001 unavailable (store needs a reset)
     ├── ThreadRetentionError             RETENTION_001   invalid
     ├── ParkRefusedError                 PARK_001        invalid      (ask() cannot park here)
-    ├── InvalidInputError                INPUT_001       invalid      (an id no store can key)
+    ├── InvalidInputError                INPUT_001       invalid      (a bad id; a refused tool-call end)
+    ├── TurnFailedError                  TURN_001        unavailable  (retries spent; SPEC TM2)
+    ├── NoResumableTurnError             TURN_002        invalid      (nothing to resume; TM4)
+    ├── ToolCallError                    TOOL_001        unavailable  (a tool call failed; TM5)
+    │                                    TOOL_UNKNOWN_001  started, never finished: outcome unknown
+    │                                    TOOL_RESULT_001   a tool returned an error result
     └── StorageError                     STORAGE_000     unavailable
         ├── StaleStateError              STORAGE_CONFLICT_001  conflict
         ├── StorageForbiddenError        STORAGE_FORBIDDEN_001 forbidden (another user's thread)
@@ -41,6 +46,7 @@ __all__ = [
     "ErrorKind",
     "InvalidInputError",
     "MissingExtraError",
+    "NoResumableTurnError",
     "ParkRefusedError",
     "StaleStateError",
     "StorageError",
@@ -48,6 +54,8 @@ __all__ = [
     "StorageRefusedError",
     "ThreadRetentionError",
     "ThreadkeepError",
+    "ToolCallError",
+    "TurnFailedError",
 ]
 
 
@@ -149,10 +157,57 @@ class InvalidInputError(ThreadkeepError):
     than its limit (see :mod:`threadkeep.core.ids`). Refused before any I/O: the call read
     and stored nothing, and is not retried. ``context`` names the ``field`` and the
     ``problem`` (``type``, ``surrogate``, ``nul``, ``too_long``), with ``position`` or
-    ``size`` and ``limit``, and the ``value``'s first 40 characters."""
+    ``size`` and ``limit``, and the ``value``'s first 40 characters.
+
+    Also an ``end_tool_call`` the ledger refuses, having stored nothing (``problem``
+    ``outcome``: not exactly one of result and error; ``not_begun``; ``ended``: the call
+    ended otherwise already), with the ``thread_id``, ``message_id`` and ``call_id``."""
 
     default_code = "INPUT_001"
     kind: ClassVar[ErrorKind] = "invalid"
+
+
+class TurnFailedError(ThreadkeepError):
+    """A turn failed more often than its ``max_retries`` allow (SPEC TM2), or timed out.
+
+    ``__cause__`` is the last failure's error; :attr:`failures` holds every failure of the
+    turn, oldest first (each a :class:`threadkeep.turns.ToolFailure` with its ``error``).
+    ``context`` names the ``user_id``, the ``thread_id``, the ``attempts`` and whether the
+    turn was kept for :meth:`~threadkeep.turns.TurnManager.resume_last_turn` (``resumable``).
+    """
+
+    default_code = "TURN_001"
+    kind: ClassVar[ErrorKind] = "unavailable"
+
+    def __init__(
+        self, message: str, *, failures: tuple[Any, ...] = (), context: dict[str, Any] | None = None
+    ) -> None:
+        super().__init__(message, context=context)
+        self.failures = failures
+
+
+class NoResumableTurnError(ThreadkeepError):
+    """:meth:`~threadkeep.turns.TurnManager.resume_last_turn` found no turn to resume: resume
+    is off, the user has none, or it expired (SPEC TM4). Nothing was run."""
+
+    default_code = "TURN_002"
+    kind: ClassVar[ErrorKind] = "invalid"
+
+
+class ToolCallError(ThreadkeepError):
+    """A tool call did not succeed, as the model and the caller see it (SPEC TM5).
+
+    ``code`` says how: ``TOOL_001`` the ledger recorded the call as failed (a replay raises
+    the recorded error again, without running the tool); ``TOOL_UNKNOWN_001`` the call
+    started and never finished (a crash between its start and its end), so whether its side
+    effect happened is not known, and the tool is not declared idempotent; ``TOOL_RESULT_001``
+    a tool returned an error result (a ``ToolMessage`` with ``status="error"``). ``context``
+    names the ``tool``, and where known the ``thread_id``, ``message_id``, ``call_id`` and the
+    idempotency ``key``.
+    """
+
+    default_code = "TOOL_001"
+    kind: ClassVar[ErrorKind] = "unavailable"
 
 
 class StorageError(ThreadkeepError):

@@ -31,6 +31,15 @@ from threadkeep.codec.serde import build_serde, with_allowlist
 from threadkeep.core.delta import DeltaWindow, keep_latest_counts, spared_by_delta
 from threadkeep.core.identity import ANONYMOUS, Actor, actor_for
 from threadkeep.core.ids import checked_id, checked_ids, checked_park
+from threadkeep.core.ledger import (
+    MISSING,
+    CallBegin,
+    CallEnd,
+    StoredCall,
+    ToolCall,
+    prepare_begin,
+    prepare_end,
+)
 from threadkeep.core.messages import ContentCache, EncodingMemo
 from threadkeep.core.program import Engine, Program, ProgramFactory
 from threadkeep.core.records import (
@@ -170,6 +179,17 @@ class Backend(Protocol):
     def live_parks(self, thread_ids: Sequence[str], now: float, owner: str | None) -> Program[set[str]]: ...
 
     def interrupted(self, thread_ids: Sequence[str], since: float | None) -> Program[set[str]]: ...
+
+    # the tool-call ledger (SPEC TM5; core/ledger.py): kept with the thread, owned by its
+    # owner. begin records a started entry unless the thread holds one for the call, and
+    # returns the entry as stored (another user's thread: StorageForbiddenError); end ends a
+    # started entry (or finds it ended: CallEnd.check_ended decides); tool_calls lists the
+    # thread's entries oldest first, none for a thread of another owner than ``owner``.
+    def begin_tool_call(self, step: CallBegin) -> Program[StoredCall]: ...
+
+    def end_tool_call(self, step: CallEnd) -> Program[None]: ...
+
+    def tool_calls(self, thread_id: str, owner: str | None) -> Program[builtins.list[StoredCall]]: ...
 
     def location(self) -> str: ...
 
@@ -684,6 +704,118 @@ class ThreadkeepSaver(BaseCheckpointSaver[str]):
     ) -> None:
         """Async :meth:`clear_park`."""
         await self._arun(self._clear_park(thread_id, park_id, config), write=True)
+
+    # the tool-call ledger (SPEC TM5; docs/turns.md) ------------------------------------------
+
+    def _begin_call(
+        self, config: RunnableConfig, message_id: str, call_id: str, tool: str
+    ) -> ProgramFactory[ToolCall]:
+        step = prepare_begin(
+            config, message_id, call_id, tool, isolate=self.enforce_user_isolation, now=self.clock()
+        )
+        serde = self.serde
+
+        def program() -> Program[ToolCall]:
+            return step.entry((yield from self.backend.begin_tool_call(step)), serde)
+
+        return program
+
+    def begin_tool_call(self, config: RunnableConfig, message_id: str, call_id: str, tool: str) -> ToolCall:
+        """Record a tool call as started, unless the thread's ledger holds it already.
+
+        The ledger is keyed by the thread ``config`` names, the assistant message that issued
+        the call and the call's id. Of two callers (threads, processes) beginning the same
+        call at once, exactly one records it.
+
+        Args:
+            config: The run's config: its ``thread_id`` and user (as a read's config).
+            message_id: The id of the assistant message that issued the call.
+            call_id: The call's id in that message.
+            tool: The tool's name.
+
+        Returns:
+            The entry as stored: ``fresh=True`` if this call recorded it; else the earlier
+            entry, ``started``, ``succeeded`` (with its result) or ``failed``.
+
+        Raises:
+            StorageForbiddenError: the thread belongs to another user.
+            InvalidInputError: an id (or the tool's name) no store can key.
+        """
+        return self._run(self._begin_call(config, message_id, call_id, tool), write=True, atomic=False)
+
+    async def abegin_tool_call(
+        self, config: RunnableConfig, message_id: str, call_id: str, tool: str
+    ) -> ToolCall:
+        """Async :meth:`begin_tool_call`."""
+        return await self._arun(self._begin_call(config, message_id, call_id, tool), write=True, atomic=False)
+
+    def _end_call(
+        self, config: RunnableConfig, message_id: str, call_id: str, result: Any, error: str | None
+    ) -> ProgramFactory[None]:
+        step = prepare_end(
+            config,
+            message_id,
+            call_id,
+            result=result,
+            error=error,
+            serde=self.serde,
+            isolate=self.enforce_user_isolation,
+            now=self.clock(),
+        )
+        return lambda: self.backend.end_tool_call(step)
+
+    def end_tool_call(
+        self,
+        config: RunnableConfig,
+        message_id: str,
+        call_id: str,
+        *,
+        result: Any = MISSING,
+        error: str | None = None,
+    ) -> None:
+        """End a started tool call: ``succeeded`` with ``result`` (stored with the saver's
+        serializer, so it reads back as the same value), or ``failed`` with ``error``.
+
+        Ending it again the same way (the same status and the same result or error) changes
+        nothing, so a retried end is safe.
+
+        Raises:
+            InvalidInputError: both or neither of ``result`` and ``error`` given; the call was
+                never begun on the thread; or it ended already, otherwise (the entry keeps its
+                first outcome).
+            StorageForbiddenError: the thread belongs to another user.
+        """
+        self._run(self._end_call(config, message_id, call_id, result, error), write=True)
+
+    async def aend_tool_call(
+        self,
+        config: RunnableConfig,
+        message_id: str,
+        call_id: str,
+        *,
+        result: Any = MISSING,
+        error: str | None = None,
+    ) -> None:
+        """Async :meth:`end_tool_call`."""
+        await self._arun(self._end_call(config, message_id, call_id, result, error), write=True)
+
+    def _tool_calls(self, config: RunnableConfig) -> ProgramFactory[builtins.list[ToolCall]]:
+        target, serde = self._target(config), self.serde
+
+        def program() -> Program[builtins.list[ToolCall]]:
+            stored = yield from self.backend.tool_calls(target.thread_id, target.actor.owner_filter)
+            return [entry.decoded(target.thread_id, serde) for entry in stored]
+
+        return program
+
+    def tool_calls(self, config: RunnableConfig) -> builtins.list[ToolCall]:
+        """The ledger of the thread ``config`` names, oldest first; empty for a thread the
+        store does not hold, or one of another user (as a read sees nothing of it)."""
+        return self._run(self._tool_calls(config))
+
+    async def atool_calls(self, config: RunnableConfig) -> builtins.list[ToolCall]:
+        """Async :meth:`tool_calls`."""
+        return await self._arun(self._tool_calls(config))
 
     # the sweep's view of the store (operator calls: see threadkeep.sweep) ---------------------
 

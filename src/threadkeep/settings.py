@@ -23,6 +23,7 @@ CODECS: tuple[str, ...] = get_args(CodecName)
 
 PREFIX = "LLM_PROVIDER_CHECKPOINT"
 DEFAULT_SQLITE_PATH = ".threadkeep/checkpoints.sqlite"
+DEFAULT_RESUME_STATE_PATH = ".threadkeep/resumable.json"
 
 REMOVED_VARIABLES: Mapping[str, str] = {
     "LLM_PROVIDER_CHECKPOINT_TTL_MINUTES": (
@@ -58,6 +59,9 @@ VARIABLES: Mapping[str, tuple[str, str | None]] = {
     f"{PREFIX}_PREPARE_THRESHOLD": ("prepare_threshold", "5"),
     f"{PREFIX}_COMMAND_TIMEOUT_SECONDS": ("command_timeout_seconds", "30"),
     f"{PREFIX}_STEP_DEADLINE_SECONDS": ("step_deadline_seconds", "10.0"),
+    f"{PREFIX}_RESUME_ENABLED": ("resume_enabled", "false"),
+    f"{PREFIX}_RESUME_STATE_PATH": ("resume_state_path", DEFAULT_RESUME_STATE_PATH),
+    f"{PREFIX}_RESUME_TTL": ("resume_ttl", "3600"),
     f"{PREFIX}_API_KEYS": ("api_keys", None),
     "DATABASE_URL": ("database_url", None),
     "REDIS_URL": ("redis_url", None),
@@ -144,6 +148,14 @@ class Settings:
             `COMMAND_TIMEOUT_SECONDS` instead, so a step takes at most about this plus one command timeout,
             and a try given up after the command timeout is retried only within this. Raise it to ride
             out longer outages (a failover) in the step instead of failing the run (`docs/production.md`).
+        resume_enabled: `TurnManager`: keep a turn that failed, timed out or was cut off by a crash, so that
+            `resume_last_turn(user)` continues it (`docs/turns.md`). Off: such a turn is purged like a
+            completed one, and the state file is neither read nor written.
+        resume_state_path: `TurnManager`: the file naming each user's resumable turn (its thread, its
+            message, a wall-clock stamp), replaced atomically at each change. It holds the user's message:
+            keep it where the checkpoints are. Deleting it drops every pending resume.
+        resume_ttl: `TurnManager`: seconds a kept turn stays resumable after its stamp; an older entry is
+            ignored and dropped at the next write.
         api_keys: `threadkeep serve`: bearer API keys, comma-separated `key:user:role` (role `admin` or
             `user`); only an admin key may sweep or write settings. A secret: never logged.
         database_url: Fallback Postgres DSN.
@@ -172,6 +184,9 @@ class Settings:
     prepare_threshold: int | None = 5
     command_timeout_seconds: int = 30
     step_deadline_seconds: float = 10.0
+    resume_enabled: bool = False
+    resume_state_path: str = DEFAULT_RESUME_STATE_PATH
+    resume_ttl: int = 3600
     api_keys: str | None = field(default=None, repr=False)
     database_url: str | None = field(default=None, repr=False)
     redis_url: str | None = field(default=None, repr=False)
@@ -179,6 +194,8 @@ class Settings:
     def __post_init__(self) -> None:
         _check_type("enforce_user_isolation", self.enforce_user_isolation, bool)
         _check_type("msgpack_strict", self.msgpack_strict, bool)
+        _check_type("resume_enabled", self.resume_enabled, bool)
+        _check_type("resume_state_path", self.resume_state_path, str)
         _check_type("retry_backoff_seconds", self.retry_backoff_seconds, (int, float))
         for name in ("conn_string", "cache_url", "api_keys", "database_url", "redis_url"):
             if getattr(self, name) is not None:
@@ -195,6 +212,7 @@ class Settings:
             "pool_timeout_seconds",
             "connect_timeout_seconds",
             "command_timeout_seconds",
+            "resume_ttl",
         ):
             _check_positive(name, getattr(self, name))
         if self.pool_min_size > self.pool_max_size:

@@ -98,8 +98,13 @@ def _script() -> Iterator[AIMessage]:
         yield AIMessage(content=words(turn * 10 + 9, 300))
 
 
-def build_agent(checkpointer: BaseCheckpointSaver[Any] | None) -> CompiledStateGraph[Any, Any, Any, Any]:
-    """A ``MessagesState`` agent whose fake model calls ``lookup`` three times per turn."""
+def build_agent(
+    checkpointer: BaseCheckpointSaver[Any] | None, *, tools: Any = None
+) -> CompiledStateGraph[Any, Any, Any, Any]:
+    """A ``MessagesState`` agent whose fake model calls ``lookup`` three times per turn.
+
+    ``tools``: the node that runs the calls (default: LangGraph's ``ToolNode([lookup])``).
+    """
     model = GenericFakeChatModel(messages=_script())
 
     def agent(state: MessagesState) -> dict[str, Any]:
@@ -107,7 +112,7 @@ def build_agent(checkpointer: BaseCheckpointSaver[Any] | None) -> CompiledStateG
 
     builder = StateGraph(MessagesState)
     builder.add_node("agent", agent)
-    builder.add_node("tools", ToolNode([lookup]))
+    builder.add_node("tools", tools if tools is not None else ToolNode([lookup]))
     builder.add_edge(START, "agent")
     builder.add_conditional_edges("agent", tools_condition, {"tools": "tools", END: END})
     builder.add_edge("tools", "agent")

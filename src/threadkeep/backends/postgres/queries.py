@@ -583,6 +583,17 @@ COPY_THREAD: tuple[str, ...] = (
     INSERT INTO tk_message_links (tid, node, prev, digest, page, page_prev)
     SELECT %(target)s, node, prev, digest, page, page_prev FROM tk_message_links WHERE tid = %(source)s
     ON CONFLICT DO NOTHING
+    """,  # the tool-call ledger (SPEC TM5): a copied entry is the same call, and keeps its key
+    """
+    INSERT INTO tk_tool_calls
+        (tid, message_id, call_id, tool, key, claim, status, type, value, error, started_at, finished_at)
+    SELECT %(target)s, message_id, call_id, tool, key, claim, status, type, value, error, started_at,
+           finished_at
+    FROM tk_tool_calls WHERE tid = %(source)s ORDER BY started_at, seq
+    ON CONFLICT (tid, message_id, call_id) DO UPDATE SET
+        tool = EXCLUDED.tool, key = EXCLUDED.key, claim = EXCLUDED.claim, status = EXCLUDED.status,
+        type = EXCLUDED.type, value = EXCLUDED.value, error = EXCLUDED.error,
+        started_at = EXCLUDED.started_at, finished_at = EXCLUDED.finished_at
     """,
 )
 
@@ -612,6 +623,7 @@ RECORD_MIGRATION = "INSERT INTO tk_migrations (version, applied_at) VALUES (%(ve
 RESET: tuple[str, ...] = (
     "DROP FUNCTION IF EXISTS tk_state",
     "DROP TABLE IF EXISTS tk_flush",
+    "DROP TABLE IF EXISTS tk_tool_calls",
     "DROP TABLE IF EXISTS tk_parks",
     "DROP TABLE IF EXISTS tk_message_links",
     "DROP TABLE IF EXISTS tk_messages",
@@ -758,7 +770,15 @@ DELETE_FINISHED = _DELETE_ROWS.format(_TIDS=_TIDS, past=f" AND {_FINISHED} AND N
 DELETE_WAITING = _DELETE_ROWS.format(_TIDS=_TIDS, past=f" AND {_WAITING} AND NOT {_LIVE_PARK}")
 DELETE_THREAD_ROWS: tuple[str, ...] = tuple(
     f"DELETE FROM {table} WHERE tid IN {_TIDS}"
-    for table in ("tk_checkpoints", "tk_blobs", "tk_writes", "tk_messages", "tk_message_links", "tk_parks")
+    for table in (
+        "tk_checkpoints",
+        "tk_blobs",
+        "tk_writes",
+        "tk_messages",
+        "tk_message_links",
+        "tk_parks",
+        "tk_tool_calls",
+    )
 )
 
 THREADS_NAMED = "SELECT tid, thread_id, owner FROM tk_threads WHERE thread_id IN " + _IDS
@@ -812,3 +832,48 @@ WHERE t.thread_id IN """
       AND w.channel = '__interrupt__')
 """
 )
+
+# --- the tool-call ledger (SPEC TM5; backends/sql/ledger.py) ----------------------------------
+
+# Holds the thread's row FOR KEY SHARE while it inserts, as a park does: never waits for a
+# put, and a delete or the sweep (FOR UPDATE) waits for it, or it finds no thread.
+BEGIN_CALL = """
+INSERT INTO tk_tool_calls (tid, message_id, call_id, tool, key, claim, status, started_at)
+SELECT tid, %(message_id)s, %(call_id)s, %(tool)s, %(key)s, %(claim)s, 'started', %(now)s
+FROM tk_threads
+WHERE thread_id = %(thread_id)s AND (%(required_owner)s::text IS NULL OR owner = %(required_owner)s::text)
+FOR KEY SHARE
+ON CONFLICT (tid, message_id, call_id) DO NOTHING
+"""
+
+# Its own statement after BEGIN_CALL (under READ COMMITTED, a new snapshot): it sees the
+# entry a concurrent begin of the same call committed while BEGIN_CALL waited for it.
+SELECT_CALL = """
+SELECT t.owner, c.tool, c.key, c.claim, c.status, c.type, c.value, c.error, c.started_at, c.finished_at
+FROM tk_threads AS t
+LEFT JOIN tk_tool_calls AS c
+  ON c.tid = t.tid AND c.message_id = %(message_id)s AND c.call_id = %(call_id)s
+WHERE t.thread_id = %(thread_id)s
+"""
+
+# Two ends of one call: the second waits for the first's row lock, then finds the status
+# it left and changes nothing.
+END_CALL = """
+UPDATE tk_tool_calls
+SET status = %(status)s, type = %(type)s::text, value = %(value)s::bytea, error = %(error)s::text,
+    finished_at = %(now)s
+WHERE tid = (SELECT tid FROM tk_threads
+             WHERE thread_id = %(thread_id)s
+               AND (%(required_owner)s::text IS NULL OR owner = %(required_owner)s::text))
+  AND message_id = %(message_id)s AND call_id = %(call_id)s AND status = 'started'
+RETURNING tid
+"""
+
+# Oldest first: by when each was begun, then in the order they were recorded.
+LIST_CALLS = """
+SELECT c.message_id, c.call_id, c.tool, c.key, c.claim, c.status, c.type, c.value, c.error,
+       c.started_at, c.finished_at
+FROM tk_tool_calls AS c JOIN tk_threads AS t ON t.tid = c.tid
+WHERE t.thread_id = %(thread_id)s AND (%(owner)s::text IS NULL OR t.owner = %(owner)s::text)
+ORDER BY c.started_at, c.seq
+"""

@@ -1,6 +1,6 @@
 """The Redis provider: plain Redis 6.2+ (or Valkey), no modules, single server or Cluster.
 
-Each step is one Lua script over the nine keys of one thread, which share a hash tag; every
+Each step is one Lua script over the ten keys of one thread, which share a hash tag; every
 key a write stores carries the thread's waiting retention as its TTL (SPEC R1, R2). Importing
 it imports redis-py (``pip install 'threadkeep[redis]'``): the provider table imports it when
 the redis provider is first chosen.
@@ -15,10 +15,11 @@ from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import CheckpointTuple
 from langgraph.checkpoint.serde.base import SerializerProtocol
 
-from threadkeep.backends.redis import programs
+from threadkeep.backends.redis import ledger, programs
 from threadkeep.backends.redis.engine import RedisEngine, is_connection_error, refusal
 from threadkeep.backends.redis.keys import KeySpace
 from threadkeep.core.identity import Actor
+from threadkeep.core.ledger import CallBegin, CallEnd, StoredCall
 from threadkeep.core.messages import ContentCache, EncodingMemo
 from threadkeep.core.program import Program
 from threadkeep.core.records import ListQuery, PutStep, Target, WritesStep
@@ -154,6 +155,17 @@ class RedisBackend:
 
     def interrupted(self, thread_ids: Sequence[str], since: float | None) -> Program[set[str]]:
         return self._programs.interrupted(self.space, thread_ids, since)
+
+    # the tool-call ledger (SPEC TM5) -------------------------------------------------------------
+
+    def begin_tool_call(self, step: CallBegin) -> Program[StoredCall]:
+        return ledger.begin_tool_call(self.space, step, self.ttl_ms)
+
+    def end_tool_call(self, step: CallEnd) -> Program[None]:
+        return ledger.end_tool_call(self.space, step, self.ttl_ms)
+
+    def tool_calls(self, thread_id: str, owner: str | None) -> Program[list[StoredCall]]:
+        return ledger.tool_calls(self.space, thread_id, owner)
 
     # the store ------------------------------------------------------------------------------------
 

@@ -1,4 +1,4 @@
-"""Where a thread lives in Redis: its nine keys, one hash tag (SPEC R1). No I/O.
+"""Where a thread lives in Redis: its ten keys, one hash tag (SPEC R1). No I/O.
 
 Every key of a thread shares the hash tag ``{<tag>}``, where the tag is a short digest of the
 thread id: any thread id is safe in a key, and every script touches one Redis Cluster slot.
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 __all__ = ["KEY_SUFFIXES", "KeySpace"]
 
 # In the order every script takes them as KEYS (see lua/_prelude.lua).
-KEY_SUFFIXES = ("thread", "cps", "heads", "order", "blobs", "writes", "windex", "msgs", "links")
+KEY_SUFFIXES = ("thread", "cps", "heads", "order", "blobs", "writes", "windex", "msgs", "links", "calls")
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,7 +36,7 @@ class KeySpace:
         return hashlib.blake2b(thread_id.encode(), digest_size=10).hexdigest()
 
     def thread(self, thread_id: str) -> tuple[str, ...]:
-        """The nine keys of a thread, in script order."""
+        """The ten keys of a thread, in script order."""
         return self.of_tag(self.tag(thread_id))
 
     def of_tag(self, tag: str) -> tuple[str, ...]:

@@ -63,6 +63,7 @@ __all__ = [
     "record_format",
     "record_of",
     "record_park",
+    "refuse_lost",
     "reset",
     "start_thread",
     "stats",
@@ -88,7 +89,7 @@ _EVICTED = (
 )
 
 
-def _refuse_lost(thread_id: str, reply: Sequence[Any]) -> None:
+def refuse_lost(thread_id: str, reply: Sequence[Any]) -> None:
     """Raise if ``reply`` is a script's answer for a thread Redis evicted part of (_LOST)."""
     if reply and reply[0] == _LOST:
         raise CheckpointSerializationError(f"{reply[1].decode()}: {_EVICTED}", path=f"thread {thread_id!r}")
@@ -341,7 +342,7 @@ def _load(
     reply = yield Script("load", keys or space.thread(thread_id), args)
     out: list[tuple[StoredCheckpoint, _Carried] | None] = []
     for (ns, _), entry in zip(wanted, reply[: len(wanted)], strict=True):
-        _refuse_lost(thread_id, entry)
+        refuse_lost(thread_id, entry)
         out.append(_stored(thread_id, ns, entry) if entry else None)
     return out, [int(value) for value in reply[len(wanted)]] if lease else []
 
@@ -434,7 +435,7 @@ def list_page(
         query.checkpoint_id or "",
     ]
     reply = yield Script("page", space.thread(thread_id), args)
-    _refuse_lost(thread_id, reply)
+    refuse_lost(thread_id, reply)
     next_inner = reply[0].decode()
     chosen: list[tuple[str, str]] = []
     for i in range(1, len(reply), 3):
@@ -588,7 +589,7 @@ def copy_thread(
         return False
     if groups[0] == _FORBIDDEN:
         raise StorageForbiddenError(source, actor.user_id, action="copy")
-    _refuse_lost(source, groups)
+    refuse_lost(source, groups)
     args: list[object] = [target, actor.user_id, _required_owner(actor), now, ttl_ms]
     for group in groups:
         args += [len(group) // 2, *group]

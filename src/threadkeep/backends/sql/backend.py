@@ -13,9 +13,10 @@ from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import CheckpointTuple
 from langgraph.checkpoint.serde.base import SerializerProtocol
 
-from threadkeep.backends.sql import programs
+from threadkeep.backends.sql import ledger, programs
 from threadkeep.backends.sql.programs import SqlDialect
 from threadkeep.core.identity import Actor
+from threadkeep.core.ledger import CallBegin, CallEnd, StoredCall
 from threadkeep.core.messages import ContentCache, EncodingMemo
 from threadkeep.core.program import Engine, Program
 from threadkeep.core.records import ListQuery, PutStep, StoredCheckpoint, Target, WritesStep
@@ -212,6 +213,17 @@ class SqlBackend:
 
     def interrupted(self, thread_ids: Sequence[str], since: float | None) -> Program[set[str]]:
         return programs.interrupted(self.dialect, thread_ids, since)
+
+    # the tool-call ledger (SPEC TM5) -------------------------------------------------------------
+
+    def begin_tool_call(self, step: CallBegin) -> Program[StoredCall]:
+        return ledger.begin_tool_call(self.dialect, step)
+
+    def end_tool_call(self, step: CallEnd) -> Program[None]:
+        return ledger.end_tool_call(self.dialect, step)
+
+    def tool_calls(self, thread_id: str, owner: str | None) -> Program[list[StoredCall]]:
+        return ledger.tool_calls(self.dialect, thread_id, owner)
 
     # the store ------------------------------------------------------------------------------------
 

@@ -17,6 +17,7 @@ from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import CheckpointTuple
 from langgraph.checkpoint.serde.base import SerializerProtocol
 
+from threadkeep.backends.sql.ledger import LedgerDialect
 from threadkeep.core.identity import Actor
 from threadkeep.core.messages import CHAIN_TYPE, ContentCache, EncodingMemo, MessageChain, chain_tail
 from threadkeep.core.program import Batch, Program, Sql, SqlMany
@@ -89,10 +90,11 @@ _TEXT_ENTRY: Final = re.compile(r"([^:=]*)=(.*)", re.DOTALL)
 ClaimedPut = Callable[[dict[str, object], dict[str, list[dict[str, object]]], int | None], tuple[Sql, ...]]
 
 
-class SqlDialect(Protocol):
+class SqlDialect(LedgerDialect, Protocol):
     """What a SQL backend supplies: statement texts and list-parameter adapters.
 
-    Every statement takes named parameters; the programs below say which.
+    Every statement takes named parameters; the programs below (and the ledger's, in
+    :mod:`threadkeep.backends.sql.ledger`) say which.
     """
 
     NAME: str

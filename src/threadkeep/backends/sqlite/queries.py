@@ -319,6 +319,17 @@ COPY_THREAD: tuple[str, ...] = (
     INSERT INTO tk_message_links (tid, node, prev, digest)
     SELECT :target, node, prev, digest FROM tk_message_links WHERE tid = :source
     ON CONFLICT DO NOTHING
+    """,  # the tool-call ledger (SPEC TM5): a copied entry is the same call, and keeps its key
+    """
+    INSERT INTO tk_tool_calls
+        (tid, message_id, call_id, tool, key, claim, status, type, value, error, started_at, finished_at)
+    SELECT :target, message_id, call_id, tool, key, claim, status, type, value, error, started_at,
+           finished_at
+    FROM tk_tool_calls WHERE tid = :source ORDER BY started_at, rowid
+    ON CONFLICT (tid, message_id, call_id) DO UPDATE SET
+        tool = excluded.tool, key = excluded.key, claim = excluded.claim, status = excluded.status,
+        type = excluded.type, value = excluded.value, error = excluded.error,
+        started_at = excluded.started_at, finished_at = excluded.finished_at
     """,
 )
 
@@ -344,6 +355,7 @@ SELECT_MIGRATIONS = "SELECT version FROM tk_migrations ORDER BY version"
 RECORD_MIGRATION = "INSERT INTO tk_migrations (version, applied_at) VALUES (:version, :now)"
 
 RESET: tuple[str, ...] = (
+    "DROP TABLE IF EXISTS tk_tool_calls",
     "DROP TABLE IF EXISTS tk_parks",
     "DROP TABLE IF EXISTS tk_message_links",
     "DROP TABLE IF EXISTS tk_messages",
@@ -471,7 +483,15 @@ DELETE_FINISHED = _DELETE_ROWS.format(_TIDS=_TIDS, past=f" AND {_FINISHED} AND N
 DELETE_WAITING = _DELETE_ROWS.format(_TIDS=_TIDS, past=f" AND {_WAITING} AND NOT {_LIVE_PARK}")
 DELETE_THREAD_ROWS: tuple[str, ...] = tuple(
     f"DELETE FROM {table} WHERE tid IN {_TIDS}"
-    for table in ("tk_checkpoints", "tk_blobs", "tk_writes", "tk_messages", "tk_message_links", "tk_parks")
+    for table in (
+        "tk_checkpoints",
+        "tk_blobs",
+        "tk_writes",
+        "tk_messages",
+        "tk_message_links",
+        "tk_parks",
+        "tk_tool_calls",
+    )
 )
 
 THREADS_NAMED = "SELECT tid, thread_id, owner FROM tk_threads WHERE thread_id IN " + _IDS
@@ -520,3 +540,37 @@ WHERE t.thread_id IN """
       AND w.channel = '__interrupt__')
 """
 )
+
+# --- the tool-call ledger (SPEC TM5; backends/sql/ledger.py) ----------------------------------
+
+BEGIN_CALL = """
+INSERT INTO tk_tool_calls (tid, message_id, call_id, tool, key, claim, status, started_at)
+SELECT tid, :message_id, :call_id, :tool, :key, :claim, 'started', :now FROM tk_threads
+WHERE thread_id = :thread_id AND (:required_owner IS NULL OR owner = :required_owner)
+ON CONFLICT (tid, message_id, call_id) DO NOTHING
+"""
+
+SELECT_CALL = """
+SELECT t.owner, c.tool, c.key, c.claim, c.status, c.type, c.value, c.error, c.started_at, c.finished_at
+FROM tk_threads AS t
+LEFT JOIN tk_tool_calls AS c ON c.tid = t.tid AND c.message_id = :message_id AND c.call_id = :call_id
+WHERE t.thread_id = :thread_id
+"""
+
+END_CALL = """
+UPDATE tk_tool_calls
+SET status = :status, type = :type, value = :value, error = :error, finished_at = :now
+WHERE tid = (SELECT tid FROM tk_threads
+             WHERE thread_id = :thread_id AND (:required_owner IS NULL OR owner = :required_owner))
+  AND message_id = :message_id AND call_id = :call_id AND status = 'started'
+RETURNING tid
+"""
+
+# Oldest first: by when each was begun, then in the order they were recorded.
+LIST_CALLS = """
+SELECT c.message_id, c.call_id, c.tool, c.key, c.claim, c.status, c.type, c.value, c.error,
+       c.started_at, c.finished_at
+FROM tk_tool_calls AS c JOIN tk_threads AS t ON t.tid = c.tid
+WHERE t.thread_id = :thread_id AND (:owner IS NULL OR t.owner = :owner)
+ORDER BY c.started_at, c.rowid
+"""

@@ -14,6 +14,7 @@ Each operation is a tiered program over the Postgres provider's programs and the
   go to Postgres. The backend remembers which state the cache served as the newest of each
   thread (:class:`_Served`), so a write based on it, a branch too, needs it to still be the
   head (nothing of this goes into the configs LangGraph sees).
+- the tool-call ledger: Postgres only; the cache holds none of it.
 - deletes, copies, prunes and owner changes: Postgres (which refuses another user's thread
   before anything changes), then the affected entries are cleared and held for a while, so a
   write under way cannot bring the removed state back (``lua/forget.lua``).
@@ -44,6 +45,7 @@ from threadkeep.backends.sql.backend import SqlBackend
 from threadkeep.backends.tiered.cache import Loaded, StateCache
 from threadkeep.backends.tiered.engine import UNAVAILABLE, Cached, Durable, TieredEngine
 from threadkeep.core.identity import Actor
+from threadkeep.core.ledger import CallBegin, CallEnd, StoredCall
 from threadkeep.core.messages import ContentCache, EncodingMemo
 from threadkeep.core.program import Program, Sql
 from threadkeep.core.records import ListQuery, PutStep, StoredCheckpoint, Target, WritesStep
@@ -389,6 +391,20 @@ class TieredBackend:
         return waiting  # type: ignore[no-any-return]
 
     # the store ---------------------------------------------------------------------------------
+
+    # the tool-call ledger (SPEC TM5): Postgres only, never cached, so it holds with the cache lost
+
+    def begin_tool_call(self, step: CallBegin) -> Program[StoredCall]:
+        begin = Durable(lambda: self.durable.begin_tool_call(step), write=True, atomic=False)
+        stored: StoredCall = yield begin
+        return stored
+
+    def end_tool_call(self, step: CallEnd) -> Program[None]:
+        yield Durable(lambda: self.durable.end_tool_call(step), write=True)
+
+    def tool_calls(self, thread_id: str, owner: str | None) -> Program[list[StoredCall]]:
+        stored: list[StoredCall] = yield Durable(lambda: self.durable.tool_calls(thread_id, owner))
+        return stored
 
     def stats(self, thread_id: str | None = None) -> dict[str, Any]:
         return self.durable.stats(thread_id)

@@ -75,7 +75,7 @@ class StateCache:
         self.lease_ms = lease_ms
 
     def keys(self, thread_id: str, user: str) -> tuple[str, ...]:
-        """The nine keys of the entry of ``thread_id`` for ``user`` (one hash tag)."""
+        """The ten keys of the entry of ``thread_id`` for ``user`` (one hash tag)."""
         return self.space.thread(f"{thread_id}\0{user}")
 
     def store(

@@ -1,11 +1,11 @@
 -- _prelude.lua: helpers every threadkeep script starts with (threadkeep/backends/redis/
 -- scripts.py puts this file in front of each script before loading it).
 --
--- Every per-thread script takes the nine keys of one thread as KEYS, in this order (all
+-- Every per-thread script takes the ten keys of one thread as KEYS, in this order (all
 -- share the thread's hash tag, so a script runs on one Redis Cluster slot):
 --   KEYS[1] thread   HASH  id, owner, created, waiting_ms and finished_m (declared retention),
 --                          finished_due (s; "" while a run is on it), "park\0<park id>" ->
---                          deadline (live parks)
+--                          deadline (live parks), calls (tool-call entries begun)
 --   KEYS[2] cps      HASH  "<ns>\0<checkpoint id>" -> checkpoint record (JSON)
 --   KEYS[3] heads    ZSET  "<ns>\0<checkpoint id>", score 0: newest per namespace by lex order
 --   KEYS[4] order    ZSET  "<checkpoint id>\0<ns>", score 0: newest across namespaces
@@ -17,6 +17,7 @@
 --                          "<node>p" -> "<32 digests><prev node>" (the page a link at every
 --                          LINK_PAGE-th position of a list closes: its messages, oldest first,
 --                          and the node before them; empty before a list's first)
+--   KEYS[10] calls   HASH  "<message id>\0<call id>" -> tool-call entry (tool_call.lua)
 -- A checkpoint record is {"p": parent, "r": run id, "t": created, "c": checkpoint JSON,
 -- "m": metadata JSON, "v": ["<channel>\0<version>", ...]}.
 
@@ -49,12 +50,12 @@ local function now_ms()
     return tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
 end
 
--- Sets every key's deadline `ttl_ms` from now, one deadline for all nine (PEXPIRE reads the
+-- Sets every key's deadline `ttl_ms` from now, one deadline for all ten (PEXPIRE reads the
 -- clock at each call): keys expiring a moment apart would leave a moment where the thread
 -- looks part lost (lost_part).
 local function expire_all(ttl_ms)
     local deadline = now_ms() + ttl_ms
-    for i = 1, 9 do
+    for i = 1, #KEYS do
         redis.call("PEXPIREAT", KEYS[i], deadline)
     end
 end
@@ -86,6 +87,10 @@ local function lost_part()
     end
     if redis.call("EXISTS", KEYS[6]) ~= redis.call("EXISTS", KEYS[7]) then
         return "part of its pending writes"
+    end
+    -- A thread that began tool calls holds them (a ledger read as empty would run them again).
+    if redis.call("HEXISTS", KEYS[1], "calls") == 1 and redis.call("EXISTS", KEYS[10]) == 0 then
+        return "its tool-call ledger"
     end
     return nil
 end

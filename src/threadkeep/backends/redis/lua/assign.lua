@@ -1,6 +1,6 @@
 -- assign.lua: hand the thread to another owner (ThreadkeepSaver.assign_owner), if its owner
 -- now is one of the owners it may be taken from.
--- KEYS: the nine keys of the thread (see _prelude.lua).
+-- KEYS: the ten keys of the thread (see _prelude.lua).
 -- ARGV[1] the new owner   ARGV[2] "1": take it from any owner; "0": only from ARGV[3]
 -- ARGV[3] the owner a thread may be taken from without "1" (the anonymous owner)
 -- Returns {"ok", owner before}, {"missing"} if there is no thread (or it lost its record to

@@ -1,6 +1,6 @@
 -- cache_put.lua: the tiered provider's hot tier (SPEC T1-T7). An entry holds the newest
 -- state of one (thread, user) per namespace, and never moves backwards.
--- KEYS: the nine keys of the entry (see _prelude.lua).
+-- KEYS: the ten keys of the entry (see _prelude.lua).
 -- ARGV[1] entry id        ARGV[2] user           ARGV[3] now (s)       ARGV[4] ttl (ms)
 -- ARGV[5] namespace       ARGV[6] checkpoint id
 -- ARGV[7] version: the durable version the state carries (its checkpoint id), or "-1" for a

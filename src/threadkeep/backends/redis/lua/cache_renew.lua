@@ -1,6 +1,6 @@
 -- cache_renew.lua: renew the lease of a tiered cache entry's state once Postgres confirmed
 -- it is still the newest (docs/tiered.md, "How stale a read can be").
--- KEYS: the nine keys of the entry (see _prelude.lua).
+-- KEYS: the ten keys of the entry (see _prelude.lua).
 -- ARGV[1] namespace   ARGV[2] the version Postgres confirmed
 -- ARGV[3] since (ms): the Redis time of the read that Postgres's confirmation followed
 -- ARGV[4] lease (ms)

@@ -1,5 +1,5 @@
 -- delete.lua: delete everything one thread holds, if the caller may see it.
--- KEYS: the nine keys of the thread (see _prelude.lua).
+-- KEYS: the ten keys of the thread (see _prelude.lua).
 -- ARGV[1] owner filter ("" = any owner).
 -- ARGV[2] a sweep's now (s), or "" (delete unconditionally): the thread is deleted only if
 --         it is still finished and due by then (a run that started since has cleared its

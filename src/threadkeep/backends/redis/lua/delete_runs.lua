@@ -1,6 +1,6 @@
 -- delete_runs.lua: delete the checkpoints (and their writes) whose run id is one of the run ids,
 -- but those spared, then the channel values no checkpoint refers to any more.
--- KEYS: the nine keys of the thread (see _prelude.lua).
+-- KEYS: the ten keys of the thread (see _prelude.lua).
 -- ARGV[1] owner filter ("" = any); ARGV[2] "1" to delete, "0" to count only; ARGV[3] n, the
 -- number of run ids; ARGV[4..3+n] run ids; ARGV[4+n..] checkpoints spared, as
 -- "<ns>\0<checkpoint id>" (a later checkpoint's delta fields are rebuilt from them).

@@ -3,7 +3,7 @@
 -- delete (the finished set, which the sweep pages through, is another key, in another Redis
 -- Cluster slot). The due time is the finished retention in force now: the thread's declared
 -- one, else the platform's capped at its declared waiting (ThreadRetention.finished).
--- KEYS: the nine keys of the thread (see _prelude.lua).
+-- KEYS: the ten keys of the thread (see _prelude.lua).
 -- ARGV[1] now (s)   ARGV[2] the platform's finished retention (minutes)
 -- ARGV[3] required owner ("" any)
 -- Returns {"ok", due (s, as a string)}, {"missing"} if the thread does not exist (it

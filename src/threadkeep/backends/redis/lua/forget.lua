@@ -1,6 +1,6 @@
 -- forget.lua: remove a tiered cache entry's state (SPEC T4, T5). What stays behind stops a
 -- write that was under way when the entry was removed from bringing the old state back.
--- KEYS: the nine keys of the entry (see _prelude.lua).
+-- KEYS: the ten keys of the entry (see _prelude.lua).
 -- ARGV[1] "keep": the thread's durable state is still there (a conflict, a failed cache
 --         write): the entry keeps its versions, so the compare-and-set in cache_put.lua still
 --         refuses an older state that arrives late, and takes the durable head or a newer one.

@@ -1,6 +1,6 @@
 -- load.lua: checkpoints with their channel values, pending writes and message lists, in
 -- one round trip. Never extends a TTL (SPEC R2).
--- KEYS: the nine keys of the thread (see _prelude.lua).
+-- KEYS: the ten keys of the thread (see _prelude.lua).
 -- ARGV[1] owner filter ("" = any owner)   ARGV[2] list tails the caller holds already
 --         (concatenated 16-byte nodes: those lists are not sent again)
 -- ARGV[3] k, then k pairs: namespace, checkpoint id ("" = the newest of the namespace)

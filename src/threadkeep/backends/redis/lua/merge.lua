@@ -1,11 +1,13 @@
 -- merge.lua: copy another thread's content (from read_all.lua) into this thread, creating it
--- for the writer if it is new (SPEC W3). Copied checkpoints, values and writes replace
--- those of the same key; messages and links are content-addressed and kept once.
--- KEYS: the nine keys of the target thread (see _prelude.lua).
+-- for the writer if it is new (SPEC W3). Copied checkpoints, values, writes and tool-call
+-- entries replace those of the same key; messages and links are content-addressed and kept
+-- once.
+-- KEYS: the ten keys of the target thread (see _prelude.lua).
 -- ARGV[1] thread id   ARGV[2] writer   ARGV[3] required owner ("" = any)
 -- ARGV[4] now (s)     ARGV[5] ttl (ms)
 -- ARGV[6] nc, then nc pairs (cps); then nb pairs (blobs); then nw pairs (writes);
--- then nm pairs (msgs); then nl pairs (links) - each group preceded by its count.
+-- then nm pairs (msgs); then nl pairs (links); then nt pairs (calls) - each group preceded
+-- by its count.
 -- Returns {"ok"} or {"forbidden", owner}; errors (storing nothing) if Redis evicted part
 -- of the thread (refuse_lost_thread, _prelude.lua).
 refuse_lost_thread(ARGV[1])
@@ -35,5 +37,9 @@ pairs_of(KEYS[6], function(key, field, value)
 end)
 pairs_of(KEYS[8], function(key, field, value) redis.call("HSETNX", key, field, value) end)
 pairs_of(KEYS[9], function(key, field, value) redis.call("HSETNX", key, field, value) end)
+pairs_of(KEYS[10], function(key, field, value)
+    redis.call("HSET", key, field, value)
+    redis.call("HINCRBY", KEYS[1], "calls", 1)
+end)
 touch(ARGV[5])
 return {"ok"}

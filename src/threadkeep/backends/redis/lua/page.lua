@@ -1,6 +1,6 @@
 -- page.lua: one page of a thread's checkpoints, newest first (checkpoint id order across
 -- namespaces), for list(). Reads only.
--- KEYS: the nine keys of the thread (see _prelude.lua).
+-- KEYS: the ten keys of the thread (see _prelude.lua).
 -- ARGV[1] owner filter ("" = any)     ARGV[2] "1" to keep one namespace only, else "0"
 -- ARGV[3] that namespace              ARGV[4] before: only ids below it ("" = none)
 -- ARGV[5] cursor: continue below this "order" member ("" = from the newest)

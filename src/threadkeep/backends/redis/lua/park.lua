@@ -1,7 +1,7 @@
 -- park.lua: record or clear a live park of a thread (SPEC RT5). A park lives in the thread's
 -- hash, so it shares the thread's TTL and leaves with the thread.
 -- Either way the caller must be allowed to write the thread (SPEC W3).
--- KEYS: the nine keys of the thread (see _prelude.lua).
+-- KEYS: the ten keys of the thread (see _prelude.lua).
 -- ARGV[1] "set" or "clear"   ARGV[2] park id
 -- for "set": ARGV[3] deadline (s)   ARGV[4] thread id   ARGV[5] user   ARGV[6] now (s)
 --            ARGV[7] required owner ("" any)   ARGV[8] the waiting retention (ms)

@@ -1,5 +1,5 @@
 -- probe.lua: which of the given message-list links the thread stores.
--- KEYS: the nine keys of the thread (see _prelude.lua).
+-- KEYS: the ten keys of the thread (see _prelude.lua).
 -- ARGV: link nodes.
 -- Returns one integer per node: 1 stored, 0 not.
 local out = {}

@@ -1,6 +1,6 @@
 -- prune.lua: keep only the newest checkpoint of every namespace (LangGraph's "keep_latest"),
 -- with its writes and the channel values it refers to.
--- KEYS: the nine keys of the thread (see _prelude.lua).
+-- KEYS: the ten keys of the thread (see _prelude.lua).
 -- ARGV[1] owner filter ("" = any)
 -- ARGV[2..] pairs of a namespace and how many of its newest checkpoints to keep (1 when
 --           not named: more where a delta field reads older ones)

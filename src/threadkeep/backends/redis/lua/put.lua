@@ -1,6 +1,6 @@
 -- put.lua: store one checkpoint, its changed channel values and its new messages, atomically
 -- (SPEC W1), if the owner (W3) and head (W2) rules allow it.
--- KEYS: the nine keys of the thread (see _prelude.lua).
+-- KEYS: the ten keys of the thread (see _prelude.lua).
 -- ARGV[1] thread id          ARGV[2] writer (user id)    ARGV[3] required owner ("" = any)
 -- ARGV[4] now (s)            ARGV[5] ttl (ms)            ARGV[6] namespace
 -- ARGV[7] checkpoint id      ARGV[8] required parent ("" = none: a new root or an explicit

@@ -1,6 +1,6 @@
 -- put_writes.lua: store a task's writes against a checkpoint (regular writes once, special
 -- ones overwritten), creating the thread for the writer if it is new (SPEC W3).
--- KEYS: the nine keys of the thread (see _prelude.lua).
+-- KEYS: the ten keys of the thread (see _prelude.lua).
 -- ARGV[1] thread id       ARGV[2] writer (user id)   ARGV[3] required owner ("" = any)
 -- ARGV[4] now (s)         ARGV[5] ttl (ms)           ARGV[6] namespace
 -- ARGV[7] checkpoint id   ARGV[8] history limit ("0" = none: writes of a checkpoint the

@@ -1,8 +1,8 @@
 -- read_all.lua: everything a thread holds, for copy_thread. Reads only.
--- KEYS: the nine keys of the thread (see _prelude.lua).
+-- KEYS: the ten keys of the thread (see _prelude.lua).
 -- ARGV[1] owner filter ("" = any)
 -- Returns {} when there is no thread (for a user: none with an owner), else {HGETALL cps,
--- HGETALL blobs, HGETALL writes, HGETALL msgs, HGETALL links} (the sorted sets follow from
+-- HGETALL blobs, HGETALL writes, HGETALL msgs, HGETALL links, HGETALL calls} (the sorted sets follow from
 -- these), {"\0forbidden", owner}: the thread belongs to another owner than ARGV[1] (SPEC W3),
 -- or {"\0lost", what}: Redis evicted part of the thread (lost_part, _prelude.lua).
 if ARGV[1] ~= "" then
@@ -27,4 +27,5 @@ return {
     redis.call("HGETALL", KEYS[6]),
     redis.call("HGETALL", KEYS[8]),
     redis.call("HGETALL", KEYS[9]),
+    redis.call("HGETALL", KEYS[10]),
 }

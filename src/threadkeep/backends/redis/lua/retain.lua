@@ -1,7 +1,7 @@
 -- retain.lua: a run starts on a thread (SPEC RT3): record its declared retention and give
 -- its keys the declared waiting retention as TTL (a later start replaces both); it is no
 -- longer finished.
--- KEYS: the nine keys of the thread (see _prelude.lua).
+-- KEYS: the ten keys of the thread (see _prelude.lua).
 -- ARGV[1] thread id   ARGV[2] writer   ARGV[3] now (s)   ARGV[4] required owner ("" any)
 -- ARGV[5] declared waiting (ms, "" none)   ARGV[6] declared finished (minutes, "" none)
 -- ARGV[7] the platform's waiting retention (ms)

@@ -1,5 +1,5 @@
 -- stats.lua: what one thread holds. Reads only.
--- KEYS: the nine keys of the thread (see _prelude.lua).
+-- KEYS: the ten keys of the thread (see _prelude.lua).
 -- Returns {checkpoints, channel values, writes, messages, payload bytes}.
 local bytes = 0
 for _, key in ipairs({KEYS[2], KEYS[5], KEYS[6], KEYS[8]}) do
