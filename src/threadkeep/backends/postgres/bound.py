@@ -4,19 +4,21 @@ A server that stops answering (a backend stopped or stuck, a load balancer or NA
 dropped the connection without a word) leaves a call waiting for its reply: TCP keepalives
 do not see a stopped backend, whose kernel still acknowledges what is sent. So each try on a
 connection is watched: if its round trips are not all answered within the command timeout,
-a cancel is sent for what the server is running (for at most 2 s: ``cancel_safe`` where
-libpq 17 bounds it, else libpq's older cancel in a thread of its own), then the
-connection's socket is shut down. The wait ends at once with a connection error, which the
-engine reports as :class:`NoAnswer` and treats as a dropped connection: the connection is
-closed and the step retried whole on a new one (SPEC W4). A try whose answer came just as
-it was given up keeps its answer, and its connection is closed all the same.
+a cancel is sent for what the server is running (``cancel_safe``, waited for at most 2 s;
+an older libpq than 17 cannot bound its cancel, which holds the interpreter while it waits,
+so none is sent there), then the connection's socket is shut down. The wait ends at once
+with a connection error, which the engine reports as :class:`NoAnswer` and treats as a
+dropped connection: the connection is closed and the step retried whole on a new one
+(SPEC W4). A try whose answer came just as it was given up keeps its answer, and its
+connection is closed all the same.
 
 What the server did with the step is not known: the cancel stops the statement it reaches,
 a transaction it interrupts rolls back, but a backend stopped while idle, or a network that
 delivers the request late, may still run it. A step is stored whole or not at all, and a
 put whose first try committed passes on its retry.
 
-One daemon thread watches every try of the process, sync and async (:class:`_Watchdog`).
+One daemon thread watches every sync try of the process (:class:`_Watchdog`); an async try
+is watched by a timer on its loop, whose give-up awaits ``cancel_safe``.
 The sweep and the opening of a store (its format gate and migrations) run unwatched
 (:func:`threadkeep.core.retry.maintenance`): their round trips may be long, and no run
 waits on them.
@@ -64,24 +66,13 @@ def _shut(fd: int) -> None:
         sock.shutdown(socket.SHUT_RDWR)
 
 
-def _cancel(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> None:
-    """Cancel what ``conn`` runs, waiting at most :data:`_CANCEL_SECONDS`: ``cancel_safe``
-    where libpq 17 bounds it (a sync connection's), else libpq's older cancel, which cannot
-    be bounded, in a thread of its own that is left behind after the wait."""
-    if isinstance(conn, psycopg.Connection) and psycopg.capabilities.has_cancel_safe():
+def _cancel(conn: psycopg.Connection[Any]) -> None:
+    """Cancel what ``conn`` runs, waiting at most :data:`_CANCEL_SECONDS` (``cancel_safe``,
+    which libpq 17 bounds; an older libpq's cancel cannot be bounded, and holds the
+    interpreter while it waits: it is not sent)."""
+    if psycopg.capabilities.has_cancel_safe():
         with contextlib.suppress(Exception):
             conn.cancel_safe(timeout=_CANCEL_SECONDS)
-        return
-    canceller = threading.Thread(
-        target=_cancel_unbounded, args=(conn,), name="threadkeep-pg-cancel", daemon=True
-    )
-    canceller.start()
-    canceller.join(_CANCEL_SECONDS)
-
-
-def _cancel_unbounded(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> None:
-    with contextlib.suppress(Exception):
-        conn.cancel()
 
 
 @dataclass(order=True, slots=True)
@@ -92,7 +83,7 @@ class _Alarm:
     due: float
     order: int
     bound: float = field(compare=False)
-    conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any] = field(compare=False)
+    conn: psycopg.Connection[Any] = field(compare=False)
     fd: int = field(compare=False)
     done: bool = field(default=False, compare=False)
     fired: bool = field(default=False, compare=False)
@@ -136,7 +127,7 @@ class _Watchdog:
         """A child process starts with no watchdog thread and nothing to watch."""
         self._alarms, self._woken, self._thread = [], threading.Condition(), None
 
-    def arm(self, conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any], seconds: float) -> _Alarm:
+    def arm(self, conn: psycopg.Connection[Any], seconds: float) -> _Alarm:
         alarm = _Alarm(time.monotonic() + seconds, next(self._order), seconds, conn, os.dup(conn.fileno()))
         with self._woken:
             heapq.heappush(self._alarms, alarm)
@@ -172,26 +163,24 @@ class _Watchdog:
 _WATCHDOG: Final = _Watchdog()
 
 
-def _arm(
-    conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any], seconds: float | None
-) -> _Alarm | None:
-    """Watch a try for ``seconds`` (the command timeout); none for maintenance."""
-    if seconds is None or under_maintenance():
-        return None
-    return _WATCHDOG.arm(conn, seconds)
+def _bound(seconds: float | None) -> float | None:
+    """A try's bound: the command timeout, none for maintenance."""
+    return None if seconds is None or under_maintenance() else seconds
 
 
 @contextlib.contextmanager
 def bounded(conn: psycopg.Connection[Any], seconds: float | None) -> Iterator[None]:
-    """Watch a sync try on ``conn`` for ``seconds``; a connection given up is closed.
+    """Watch a sync try on ``conn`` for ``seconds`` (the watchdog thread); a connection
+    given up is closed.
 
     Raises:
         NoAnswer: the try failed after its bound passed (its connection was given up).
     """
-    alarm = _arm(conn, seconds)
-    if alarm is None:
+    bound = _bound(seconds)
+    if bound is None:
         yield
         return
+    alarm = _WATCHDOG.arm(conn, bound)
     try:
         yield
     except BaseException as error:
@@ -199,7 +188,7 @@ def bounded(conn: psycopg.Connection[Any], seconds: float | None) -> Iterator[No
             alarm.given_up.wait()
             conn.close()
             if isinstance(error, Exception):
-                raise NoAnswer.after(alarm.bound) from error
+                raise NoAnswer.after(bound) from error
         raise
     if alarm.disarm():  # given up as its answer came: its answer stands
         alarm.given_up.wait()
@@ -208,24 +197,39 @@ def bounded(conn: psycopg.Connection[Any], seconds: float | None) -> Iterator[No
 
 @contextlib.asynccontextmanager
 async def bounded_async(conn: psycopg.AsyncConnection[Any], seconds: float | None) -> AsyncIterator[None]:
-    """:func:`bounded` for an async try (the wait for a give-up runs off the loop).
+    """Watch an async try on ``conn`` for ``seconds``, with a timer on the running loop (its
+    give-up awaits ``cancel_safe``); a connection given up is closed.
 
     Raises:
         NoAnswer: the try failed after its bound passed (its connection was given up).
     """
-    alarm = _arm(conn, seconds)
-    if alarm is None:
+    bound = _bound(seconds)
+    if bound is None:
         yield
         return
+    loop = asyncio.get_running_loop()
+    giving_up: list[asyncio.Task[None]] = []
+    timer = loop.call_later(bound, lambda: giving_up.append(loop.create_task(_give_up(conn))))
     try:
         yield
     except BaseException as error:
-        if alarm.disarm():
-            await asyncio.to_thread(alarm.given_up.wait)
+        timer.cancel()
+        if giving_up:
+            await asyncio.wait(giving_up)
             await conn.close()
             if isinstance(error, Exception):
-                raise NoAnswer.after(alarm.bound) from error
+                raise NoAnswer.after(bound) from error
         raise
-    if alarm.disarm():
-        await asyncio.to_thread(alarm.given_up.wait)
+    timer.cancel()
+    if giving_up:  # given up as its answer came: its answer stands
+        await asyncio.wait(giving_up)
         await conn.close()
+
+
+async def _give_up(conn: psycopg.AsyncConnection[Any]) -> None:
+    """:meth:`_Alarm.fire` for an async connection, on its loop."""
+    if psycopg.capabilities.has_cancel_safe():
+        with contextlib.suppress(Exception):
+            await conn.cancel_safe(timeout=_CANCEL_SECONDS)
+    with contextlib.suppress(Exception):
+        _shut(conn.fileno())
