@@ -9,11 +9,12 @@ takes is one per database, and other clients' opens in a shared one would be mea
 Each run then starts one new Python process per saver (this interpreter, this ``sys.path``;
 ``bench.startup_child``), the first saver alternating between runs, which reports:
 
-- ``import``: ``from threadkeep import open_checkpointer`` and ``import
-  threadkeep.backends.postgres`` (which ``open_checkpointer`` imports on first use), against
+- ``import``: ``from threadkeep import aopen_checkpointer`` and ``import
+  threadkeep.backends.postgres`` (which ``aopen_checkpointer`` imports on first use), against
   ``from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver``;
-- ``open``: ``open_checkpointer("postgres", conninfo)``, called directly inside the running
-  event loop, against ``await AsyncPostgresSaver.from_conn_string(conninfo).__aenter__()``;
+- ``open``: ``await aopen_checkpointer("postgres", conninfo)`` (the format gate on the loop's
+  pool, whose connection the first read then uses), against
+  ``await AsyncPostgresSaver.from_conn_string(conninfo).__aenter__()``;
 - ``first_load``: the saver's first ``aget_tuple`` of the stored thread;
 - ``open_first_load``: the two together, on one clock.
 

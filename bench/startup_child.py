@@ -24,13 +24,13 @@ Opened = tuple[Any, Callable[[], Awaitable[Any]]]  # the saver, and how to close
 
 async def threadkeep_postgres(conninfo: str) -> tuple[float, Opened]:
     """threadkeep's ``postgres`` provider: the import time, then the saver as
-    ``open_checkpointer`` builds it (a sync call, made directly in the running loop)."""
-    from threadkeep import open_checkpointer
+    ``aopen_checkpointer`` builds it in the running loop."""
+    from threadkeep import aopen_checkpointer
 
-    # open_checkpointer imports the provider's backend on first use: counted as an import.
+    # aopen_checkpointer imports the provider's backend on first use: counted as an import.
     importlib.import_module("threadkeep.backends.postgres")
     imported = time.perf_counter()
-    saver = open_checkpointer("postgres", conninfo)
+    saver = await aopen_checkpointer("postgres", conninfo)
     return imported, (saver, saver.aclose)
 
 

@@ -44,6 +44,7 @@ def test_public_names_are_pinned() -> None:
         "TurnFailedError",
         "TurnManager",
         "TurnResult",
+        "aopen_checkpointer",
         "arun_agent",
         "ask",
         "close_savers",

@@ -26,7 +26,7 @@ from threadkeep.errors import (
     TurnFailedError,
 )
 from threadkeep.owners import RunGroup, RunOutcome, arun_agent, ask, run_agent
-from threadkeep.providers import facts_of, open_checkpointer
+from threadkeep.providers import aopen_checkpointer, facts_of, open_checkpointer
 from threadkeep.registry import close_savers, saver_for
 from threadkeep.saver import ProviderFacts, ThreadkeepSaver
 from threadkeep.settings import Settings
@@ -65,6 +65,7 @@ __all__ = [
     "TurnFailedError",
     "TurnManager",
     "TurnResult",
+    "aopen_checkpointer",
     "arun_agent",
     "ask",
     "close_savers",

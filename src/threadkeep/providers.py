@@ -10,7 +10,7 @@ uses, and a provider whose extra is missing raises :class:`MissingExtraError` na
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -27,6 +27,7 @@ __all__ = [
     "FACTS",
     "Provider",
     "SaverOptions",
+    "aopen_checkpointer",
     "facts_of",
     "open_checkpointer",
     "registration",
@@ -65,6 +66,7 @@ class SaverOptions:
 
 _COMMON = frozenset({"serde", "enforce_user_isolation", "state_history_limit", "clock"})
 Builder = Callable[[Settings, SaverOptions], ThreadkeepSaver]
+AsyncBuilder = Callable[[Settings, SaverOptions], Awaitable[ThreadkeepSaver]]
 AdminOpener = Callable[[Settings], Backend]
 
 
@@ -76,11 +78,14 @@ class Provider:
         build: Builds a saver (format gate and migrations included).
         admin: Opens the store without the format gate, for ``threadkeep store``.
         options: The provider-specific options ``open_checkpointer`` accepts.
+        abuild: Builds a saver from inside an event loop, on the loop's connections;
+            ``None``: :attr:`build` serves both.
     """
 
     build: Builder
     admin: AdminOpener
     options: frozenset[str] = frozenset()
+    abuild: AsyncBuilder | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,6 +159,37 @@ def open_checkpointer(
         ConfigurationError: an unknown provider or option, or a setting refused.
         CheckpointStoreFormatError: the store holds checkpoints of another format.
     """
+    entry, base, saver_options = _resolve(provider, conn_string, settings, options)
+    return entry.build(base, saver_options)
+
+
+async def aopen_checkpointer(
+    provider: str | None = None,
+    conn_string: str | None = None,
+    *,
+    settings: Settings | None = None,
+    **options: Any,
+) -> ThreadkeepSaver:
+    """:func:`open_checkpointer`, from inside an event loop, for an application that uses
+    the async API: on ``postgres`` the format gate runs on the loop's connection pool, so
+    opening the store and its first read share one connection (the sync open checks on a
+    connection of its own). Other providers open as :func:`open_checkpointer` does. Close the
+    saver with ``await saver.aclose()`` (or ``async with``).
+
+    Raises:
+        ConfigurationError: as :func:`open_checkpointer`.
+        CheckpointStoreFormatError: as :func:`open_checkpointer`.
+    """
+    entry, base, saver_options = _resolve(provider, conn_string, settings, options)
+    if entry.abuild is None:
+        return entry.build(base, saver_options)
+    return await entry.abuild(base, saver_options)
+
+
+def _resolve(
+    provider: str | None, conn_string: str | None, settings: Settings | None, options: Mapping[str, Any]
+) -> tuple[Provider, Settings, SaverOptions]:
+    """The provider, settings and options an open names, checked."""
     base = settings or Settings.from_env()
     if provider is not None:
         facts_of(provider)
@@ -170,7 +206,7 @@ def open_checkpointer(
         )
     common = {k: v for k, v in options.items() if k in _COMMON}
     backend = {k: v for k, v in options.items() if k in entry.options}
-    return entry.build(base, SaverOptions(**common, backend=backend))
+    return entry, base, SaverOptions(**common, backend=backend)
 
 
 def saver_kwargs(settings: Settings, options: SaverOptions) -> dict[str, Any]:

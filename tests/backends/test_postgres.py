@@ -21,7 +21,7 @@ import pytest
 from langchain_core.messages import HumanMessage
 
 from tests.providers import POSTGRES_URL, Opener, postgres_schema
-from threadkeep import CheckpointStoreFormatError, Settings, open_checkpointer
+from threadkeep import CheckpointStoreFormatError, Settings, aopen_checkpointer, open_checkpointer
 from threadkeep.backends.postgres import _MIGRATIONS
 from threadkeep.backends.sql.programs import FORMAT_GENERATION
 from threadkeep.workload import MESSAGES_PER_TURN, build_agent, run_turns, turn_input
@@ -391,6 +391,46 @@ def test_p6_a_postgres_store_migrated_by_a_newer_version_is_refused(open_saver: 
         conn.execute("INSERT INTO tk_migrations VALUES (%s, 0)", (len(_MIGRATIONS) + 1,))
     with pytest.raises(CheckpointStoreFormatError, match="at least as new as the one that migrated"):
         open_checkpointer("postgres", dsn, settings=Settings())
+
+
+async def test_p6_an_open_from_the_loop_migrates_on_the_connection_its_first_read_uses(provider: Any) -> None:
+    """``aopen_checkpointer`` runs the format gate and the migrations on the loop's pool: a
+    store left at migration 5 is brought up to date, no sync pool and no other connection
+    is opened, and the first read takes the pool's one connection."""
+    dsn = postgres_schema(uuid.uuid4().hex)
+    with connect(dsn) as conn:
+        conn.execute(
+            "CREATE TABLE tk_migrations (version INTEGER PRIMARY KEY, applied_at DOUBLE PRECISION NOT NULL)"
+        )
+        for migration in _MIGRATIONS[:5]:
+            for statement in migration.statements:
+                conn.execute(statement)
+            conn.execute("INSERT INTO tk_migrations VALUES (%s, 0)", (migration.version,))
+        conn.execute("INSERT INTO tk_meta VALUES ('format_generation', '1')")
+    saver = await aopen_checkpointer("postgres", dsn, settings=Settings(pool_min_size=1))
+    try:
+        engine = saver.backend.engine
+        (pool,) = engine._async_pools.values()
+        config = {"configurable": {"thread_id": "t"}}
+        assert (await saver.aget_tuple(config)) is None
+        assert pool.get_stats()["connections_num"] == 1
+        assert engine._pool is None
+        await build_agent(saver).ainvoke(turn_input(0), config)
+        assert (await saver.aget_tuple(config)) is not None
+    finally:
+        await saver.aclose()
+    with connect(dsn) as conn:
+        applied = [row[0] for row in conn.execute("SELECT version FROM tk_migrations ORDER BY version")]
+    assert applied == list(range(1, len(_MIGRATIONS) + 1))
+
+
+async def test_p6_an_open_from_the_loop_refuses_a_store_of_another_generation(open_saver: Opener) -> None:
+    saver = open_saver()
+    dsn = saver.backend.engine.conninfo
+    with connect(dsn) as conn:
+        conn.execute("UPDATE tk_meta SET value = '0'")
+    with pytest.raises(CheckpointStoreFormatError, match="reset the checkpoint store"):
+        await aopen_checkpointer("postgres", dsn, settings=Settings())
 
 
 def test_p6_langgraph_tables_in_the_same_schema_are_left_alone(provider: Any) -> None:

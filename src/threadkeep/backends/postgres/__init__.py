@@ -100,8 +100,20 @@ def build_postgres(settings: Settings, options: SaverOptions) -> ThreadkeepSaver
     return ThreadkeepSaver(backend, FACTS["postgres"], **saver_kwargs(settings, options))
 
 
+async def abuild_postgres(settings: Settings, options: SaverOptions) -> ThreadkeepSaver:
+    """:func:`build_postgres` from inside an event loop: the format gate runs on the loop's
+    pool, whose connection the first read then uses."""
+    backend = open_postgres_backend(settings, gate=False, **options.backend)
+    try:
+        await backend.aopen()
+    except BaseException:
+        await backend.engine.aclose()
+        raise
+    return ThreadkeepSaver(backend, FACTS["postgres"], **saver_kwargs(settings, options))
+
+
 def _postgres_admin(settings: Settings) -> SqlBackend:
     return open_postgres_backend(settings, gate=False)
 
 
-POSTGRES_PROVIDER = Provider(build_postgres, _postgres_admin, _OPTIONS)
+POSTGRES_PROVIDER = Provider(build_postgres, _postgres_admin, _OPTIONS, abuild_postgres)

@@ -413,19 +413,31 @@ class PostgresEngine:
 
         return self._retrying(attempt, write)
 
-    def setup(self, make: ProgramFactory[T]) -> T:
+    def setup(self, make: ProgramFactory[T], *, transaction: bool = True) -> T:
         """Like :meth:`run`, on a short-lived connection: the format gate and migrations run
         before any pool is needed (an application that only uses the async API never opens a
         sync pool). Unbounded by the command timeout, as maintenance: a migration may
-        rewrite a table, and a second process waits for the first one's migrations."""
+        rewrite a table, and a second process waits for the first one's migrations. A read
+        that is one statement at a time needs no ``transaction``."""
         prepare = self._preparing[False]
         with maintenance():
             return self._retrying(
                 lambda in_flight, tries: self._once(
-                    make, self.connect(tries.wait(self.options.connect_timeout)), True, prepare, in_flight
+                    make,
+                    self.connect(tries.wait(self.options.connect_timeout)),
+                    transaction,
+                    prepare,
+                    in_flight,
                 ),
                 False,
             )
+
+    async def asetup(self, make: ProgramFactory[T], *, transaction: bool = True) -> T:
+        """Like :meth:`setup`, on the event loop's pool: an application that opens the store
+        from its loop (:func:`~threadkeep.providers.aopen_checkpointer`) checks the format on
+        the connection its first read then uses, instead of one opened for the check."""
+        with maintenance():
+            return await self._arun(make, False, transaction, self._preparing[False])
 
     def _retrying(self, attempt: Callable[[InFlight, Tries], T], write: bool) -> T:
         in_flight = InFlight()
@@ -472,10 +484,12 @@ class PostgresEngine:
 
     async def arun(self, make: ProgramFactory[T], *, write: bool = False, atomic: bool = True) -> T:
         """The same as :meth:`run`, on the event loop's own pool."""
+        return await self._arun(make, write, write and atomic, self._preparing[write])
+
+    async def _arun(self, make: ProgramFactory[T], write: bool, transaction: bool, prepare: Preparing) -> T:
         in_flight = InFlight()
         tries = Tries(self.retry, write, in_flight)
         pool: AsyncConnectionPool | None = None
-        prepare = self._preparing[write]
         while True:
             try:
                 pool = await self._async_pool(tries.wait(self.options.timeout))
@@ -484,7 +498,7 @@ class PostgresEngine:
                     try:
                         async with bounded_async(conn, self.options.command_timeout):
                             return await drive_async(
-                                round_trips(make(), write and atomic, in_flight),
+                                round_trips(make(), transaction, in_flight),
                                 partial(_send_async_tracked, conn, prepare, in_flight),
                             )
                     except BaseException as error:

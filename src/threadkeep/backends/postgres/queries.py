@@ -601,6 +601,13 @@ COPY_THREAD: tuple[str, ...] = (
 
 SELECT_TABLES = "SELECT tablename FROM pg_tables WHERE schemaname = current_schema()"
 SELECT_META = "SELECT value FROM tk_meta WHERE key = %(key)s"
+# The format gate's quick check: whether both of its tables exist (a name lookup, not a read
+# of the catalog's views), then, in one statement, the recorded format and migrations.
+GATE_TABLES = "SELECT to_regclass('tk_meta') IS NOT NULL AND to_regclass('tk_migrations') IS NOT NULL"
+SELECT_GATE = """
+SELECT 'meta', value FROM tk_meta WHERE key = %(key)s
+UNION ALL SELECT 'migration', version::text FROM tk_migrations
+"""
 INSERT_META = "INSERT INTO tk_meta (key, value) VALUES (%(key)s, %(value)s) ON CONFLICT DO NOTHING"
 # A setting recorded with a value this version reads (%(readable)s) takes this version's.
 UPGRADE_META = """

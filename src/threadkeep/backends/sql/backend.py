@@ -7,7 +7,7 @@ import time
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import CheckpointTuple
@@ -18,11 +18,13 @@ from threadkeep.backends.sql.programs import SqlDialect
 from threadkeep.core.identity import Actor
 from threadkeep.core.ledger import CallBegin, CallEnd, StoredCall
 from threadkeep.core.messages import ContentCache, EncodingMemo
-from threadkeep.core.program import Engine, Program
+from threadkeep.core.program import Engine, Program, ProgramFactory
 from threadkeep.core.records import ListQuery, PutStep, StoredCheckpoint, Target, WritesStep
 from threadkeep.core.retention import ExpiredThread, Park, SweepPage, ThreadRetention
 
-__all__ = ["Migration", "SqlBackend", "load_migrations"]
+__all__ = ["Migration", "SqlBackend", "SqlEngine", "load_migrations"]
+
+T = TypeVar("T")
 
 _MIGRATION_FILE = re.compile(r"^(\d{4})_[a-z0-9_]+\.sql$")
 
@@ -79,6 +81,19 @@ def _has_code(part: str) -> bool:
     return any(line.strip() and not line.strip().startswith("--") for line in part.splitlines())
 
 
+class SqlEngine(Engine, Protocol):
+    """An engine of a SQL store, which can also set the schema up from an event loop."""
+
+    def setup(self, make: ProgramFactory[T], *, transaction: bool = True) -> T:
+        """:meth:`Engine.setup`; a read of one statement at a time may go without a
+        ``transaction`` where the engine allows it."""
+        ...
+
+    async def asetup(self, make: ProgramFactory[T], *, transaction: bool = True) -> T:
+        """The same as :meth:`setup`, without blocking the event loop."""
+        ...
+
+
 class SqlBackend:
     """The storage operations of one SQL store, as program factories.
 
@@ -91,7 +106,7 @@ class SqlBackend:
     # Messages written by a task are stored once, with the thread's message lists.
     messages_by_reference = True
 
-    def __init__(self, engine: Engine, dialect: SqlDialect, migrations: Sequence[Migration]) -> None:
+    def __init__(self, engine: SqlEngine, dialect: SqlDialect, migrations: Sequence[Migration]) -> None:
         self.engine = engine
         self.dialect = dialect
         self.migrations = tuple(migrations)
@@ -99,18 +114,31 @@ class SqlBackend:
     def open(self) -> None:
         """Check the format gate, then bring the schema up to date (SPEC P6). A store that is
         up to date already is checked in one short read."""
+        current, upgrade = self._gate()
+        if not self.engine.setup(current, transaction=False):
+            for step in upgrade:
+                self.engine.setup(step)
+
+    async def aopen(self) -> None:
+        """:meth:`open`, on the event loop's connections."""
+        current, upgrade = self._gate()
+        if not await self.engine.asetup(current, transaction=False):
+            for step in upgrade:
+                await self.engine.asetup(step)
+
+    def _gate(self) -> tuple[ProgramFactory[bool], list[ProgramFactory[Any]]]:
+        """The format gate: whether the store is up to date already, and, if not, the
+        programs that check its format, migrate it and record the format, in order."""
         q = self.dialect
         versions = [migration.version for migration in self.migrations]
-        if self.engine.setup(lambda: programs.is_current(q, versions)):
-            return
-        self.engine.setup(lambda: programs.ensure_format(q))
-        for migration in self.migrations:
-            self.engine.setup(
-                lambda m=migration: programs.apply_migration(q, m.version, m.statements, time.time()),  # type: ignore[misc]
-            )
-        newest = max((migration.version for migration in self.migrations), default=0)
-        self.engine.setup(lambda: programs.check_schema(q, newest))
-        self.engine.setup(lambda: programs.record_format(q))
+        newest = max(versions, default=0)
+        upgrade: list[ProgramFactory[Any]] = [lambda: programs.ensure_format(q)]
+        upgrade += [
+            lambda m=migration: programs.apply_migration(q, m.version, m.statements, time.time())  # type: ignore[misc]
+            for migration in self.migrations
+        ]
+        upgrade += [lambda: programs.check_schema(q, newest), lambda: programs.record_format(q)]
+        return (lambda: programs.is_current(q, versions)), upgrade
 
     def put(self, step: PutStep) -> Program[RunnableConfig]:
         return programs.put(self.dialect, step)

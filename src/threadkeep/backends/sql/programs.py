@@ -124,6 +124,8 @@ class SqlDialect(LedgerDialect, Protocol):
     COPY_THREAD: tuple[str, ...]
     SELECT_TABLES: str
     SELECT_META: str
+    GATE_TABLES: str
+    SELECT_GATE: str
     INSERT_META: str
     UPGRADE_META: str
     CHECKPOINT_TABLES: dict[str, str]
@@ -1072,14 +1074,12 @@ def _format_error(q: SqlDialect, found: str | None, table: str) -> CheckpointSto
 def is_current(q: SqlDialect, versions: Sequence[int]) -> Program[bool]:
     """Whether the store is in this format generation with exactly ``versions`` applied:
     then opening it needs nothing more (no lock, no write), the common case."""
-    tables = {row[0] for row in (yield Sql(q.SELECT_TABLES, {}))}
-    if not {"tk_meta", "tk_migrations"} <= tables:
+    if not (yield Sql(q.GATE_TABLES, {}))[0][0]:
         return False
-    rows = yield Sql(q.SELECT_META, {"key": _FORMAT_KEY})
-    if not rows or rows[0][0] != str(FORMAT_GENERATION):
-        return False
-    applied = {int(row[0]) for row in (yield Sql(q.SELECT_MIGRATIONS, {}))}
-    return applied == set(versions)
+    rows = yield Sql(q.SELECT_GATE, {"key": _FORMAT_KEY})
+    recorded = [value for kind, value in rows if kind == "meta"]
+    applied = {int(value) for kind, value in rows if kind == "migration"}
+    return recorded == [str(FORMAT_GENERATION)] and applied == set(versions)
 
 
 def apply_migration(q: SqlDialect, version: int, statements: Sequence[str], now: float) -> Program[bool]:

@@ -152,9 +152,14 @@ class SqliteEngine:
         finally:
             self._release(conn)
 
-    def setup(self, make: ProgramFactory[T]) -> T:
-        """Run a schema program in its own write transaction."""
+    def setup(self, make: ProgramFactory[T], *, transaction: bool = True) -> T:
+        """Run a schema program in its own write transaction (always: ``transaction`` is for
+        engines where a read may go without one)."""
         return self.run(make, write=True)
+
+    async def asetup(self, make: ProgramFactory[T], *, transaction: bool = True) -> T:
+        """Run a schema program in its own write transaction, off the event loop."""
+        return await self.arun(make, write=True)
 
     async def arun(self, make: ProgramFactory[T], *, write: bool = False, atomic: bool = True) -> T:
         """Run one program without blocking the event loop.

@@ -337,6 +337,15 @@ COPY_THREAD: tuple[str, ...] = (
 
 SELECT_TABLES = "SELECT name FROM sqlite_master WHERE type = 'table'"
 SELECT_META = "SELECT value FROM tk_meta WHERE key = :key"
+# The format gate's quick check: whether both of its tables exist, then, in one statement,
+# the recorded format and migrations.
+GATE_TABLES = (
+    "SELECT count(*) = 2 FROM sqlite_master WHERE type = 'table' AND name IN ('tk_meta', 'tk_migrations')"
+)
+SELECT_GATE = """
+SELECT 'meta', value FROM tk_meta WHERE key = :key
+UNION ALL SELECT 'migration', CAST(version AS TEXT) FROM tk_migrations
+"""
 INSERT_META = "INSERT INTO tk_meta (key, value) VALUES (:key, :value) ON CONFLICT DO NOTHING"
 UPGRADE_META = (
     "UPDATE tk_meta SET value = :value WHERE key = :key AND value IN (SELECT value FROM json_each(:readable))"
