@@ -152,6 +152,13 @@ def servers(results: dict[str, Any]) -> list[str]:
         (f"turns/s, {conversations} conversations of {n} turns", get(f"throughput@{n}"), "rate")
         for n in lengths
     ]
+    rows += [
+        (f"`{name}` {stat} (ms), {conversations} at once, {n} turns", get(f"{call}_{stat}@{n}"), "time")
+        for n in lengths
+        for call, name in (("aput", "put"), ("aget_tuple", "get_tuple"))
+        for stat in ("p50", "p99")
+        if f"{call}_{stat}@{n}" in lg
+    ]
     if "floor-graph" in results:
         graph = results["floor-graph"]
         rows += [

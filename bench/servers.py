@@ -19,7 +19,8 @@ Reported: bytes stored after K turns; per-call ``put``/``put_writes``/``get_tupl
 and p99 over a K=40 conversation; a cold load (a new saver instance reading the newest state
 of the finished 40-turn thread, the median of 15: its pool open, its caches empty, the tables ANALYZEd as
 autovacuum would have them in service); and the throughput of 32 conversations running at
-once, 10 and 40 turns long, with the CPU time per turn of this process and of the local
+once, 10 and 40 turns long, with each ``put``'s and ``get_tuple``'s median and p99 latency
+in those runs, the CPU time per turn of this process and of the local
 Postgres and Redis server processes (read from ``/proc``; shown as ``-`` elsewhere); with
 ``--freeze-gc``, each throughput run starts after ``gc.freeze()`` (docs/operations.md). Each
 store starts after a Postgres ``CHECKPOINT``, so what the store before it wrote is not
@@ -418,17 +419,25 @@ async def throughput(
 async def _throughput(name: str, conversations: int, turns: int) -> dict[str, float]:
     async with open_store(name) as store:
         saver = store.saver
+        record = instrument(saver)
         start, cpu, server = time.perf_counter(), time.process_time(), server_cpu()
         await asyncio.gather(*(conversation(saver, f"c{i}", turns) for i in range(conversations)))
         elapsed, done = time.perf_counter() - start, conversations * turns
         server_after = server_cpu()
-        return {
+        measured = {
             "turns_per_s": done / elapsed,
             "client_ms": (time.process_time() - cpu) * 1000 / done,
             "server_ms": float("nan")
             if server is None or server_after is None
             else (server_after - server) * 1000 / done,
         }
+        # Each call's latency while every conversation runs at once: the event loop shared by
+        # all of them, the pool's connections taken in turn.
+        for call in ("aput", "aget_tuple"):
+            if record[call]:
+                measured[f"{call}_p50"] = median_ms(record[call])
+                measured[f"{call}_p99"] = percentile_ms(record[call], 0.99)
+        return measured
 
 
 def server_cpu() -> float | None:
@@ -480,6 +489,10 @@ async def _main(
                 samples[name][-1][f"throughput@{length}"] = measured["turns_per_s"]
                 samples[name][-1][f"client_ms@{length}"] = measured["client_ms"]
                 samples[name][-1][f"server_ms@{length}"] = measured["server_ms"]
+                for call in ("aput", "aget_tuple"):
+                    for stat in ("p50", "p99"):
+                        if f"{call}_{stat}" in measured:
+                            samples[name][-1][f"{call}_{stat}@{length}"] = measured[f"{call}_{stat}"]
     results = {
         name: {key: statistics.median(s[key] for s in runs_of) for key in runs_of[0]}
         for name, runs_of in samples.items()
@@ -517,6 +530,18 @@ def report(
             f"{name:22}"
             + "".join(
                 f"{r[f'throughput@{n}']:>10.1f} ({r[f'client_ms@{n}']:6.2f} / {r[f'server_ms@{n}']:5.2f})"
+                for n in conversation_turns
+            )
+        )
+    print(f"\nPer-call latency in the {conversations}-conversation runs (ms; median / p99)")
+    print(f"{'store':22}" + "".join(f"{f'{n} turns: put':>20}{'get_tuple':>16}" for n in conversation_turns))
+    for name in STORES:
+        r = results[name]
+        print(
+            f"{name:22}"
+            + "".join(
+                f"{r[f'aput_p50@{n}']:>11.2f}/{r[f'aput_p99@{n}']:<8.2f}"
+                f"{r[f'aget_tuple_p50@{n}']:>7.2f}/{r[f'aget_tuple_p99@{n}']:<8.2f}"
                 for n in conversation_turns
             )
         )
