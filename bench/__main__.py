@@ -10,7 +10,9 @@ and the machine, ``bench.environment``):
 - ``calls [--runs N] [--conversation-turns 10]`` (its one length);
 - ``sweep [--runs N] [--threads 100000]``;
 - ``startup [--runs N] [--conversation-turns 10]`` (its one length): opening a saver and its
-  first load, each run in new processes (``--runs`` defaults to 15 here).
+  first load, each run in new processes (``--runs`` defaults to 15 here);
+- ``ledger [--runs N] [--calls 300] [--ledger-turns 10] [--stores sqlite,postgres]``: what the
+  tool-call ledger costs per tool call (``--runs`` defaults to 5 here).
 
 From the results files in ``--results`` (``bench/results``), without measuring anything:
 
@@ -33,9 +35,9 @@ from typing import Any
 from bench import environment, figures, page
 from bench.stored import RESULTS, RUN
 
-MEASURING = ("conversation", "servers", "tiered", "sweep", "calls", "startup")
+MEASURING = ("conversation", "servers", "tiered", "sweep", "calls", "startup", "ledger")
 # Runs per measurement when --runs is not given.
-RUNS = {"startup": 15}
+RUNS = {"startup": 15, "ledger": 5}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -58,6 +60,9 @@ def main(argv: list[str] | None = None) -> int:
         "--conversation-turns", default="10,40", help="servers: lengths of the concurrent conversations"
     )
     parser.add_argument("--threads", type=int, default=100_000, help="sweep: expired threads to seed")
+    parser.add_argument("--calls", type=int, default=300, help="ledger: tool calls in a row per run")
+    parser.add_argument("--ledger-turns", type=int, default=10, help="ledger: turns of the agent per run")
+    parser.add_argument("--stores", default="sqlite,postgres", help="ledger: the stores to measure")
     parser.add_argument(
         "--freeze-gc",
         action="store_true",
@@ -99,6 +104,11 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         from bench import startup
 
         return startup.main(runs=args.runs, turns=lengths[0])
+    if args.suite == "ledger":
+        from bench import ledger
+
+        stores = tuple(name for name in args.stores.split(",") if name)
+        return ledger.main(runs=args.runs, calls=args.calls, turns=args.ledger_turns, stores=stores)
     if args.suite == "calls":
         from bench import calls
 

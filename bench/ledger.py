@@ -1,6 +1,6 @@
 """What the tool-call ledger (SPEC TM5) costs per tool call.
 
-    ./dev run python -m bench.ledger --runs 5 --calls 300 --turns 10
+    ./dev bench ledger --runs 5 --calls 300 --ledger-turns 10 [--stores sqlite,postgres]
 
 Measured per store (default ``sqlite`` and ``postgres``; ``--stores`` takes any of
 ``memory,sqlite,postgres,redis,tiered``), each on a fresh store (a SQLite file in a temporary
@@ -12,7 +12,7 @@ folder, WAL, ``synchronous=NORMAL``; a new Postgres schema; a new Redis key pref
   the client CPU time of this process per call).
 - the Postgres server's own floor, for scale: a ``SELECT 1`` round trip, and a one-row INSERT
   committed with and without waiting for its WAL flush;
-- ``turn``: the workload's agent (three tool calls a turn, ``threadkeep.workload``), ``--turns``
+- ``turn``: the workload's agent (three tool calls a turn, ``threadkeep.workload``), ``--ledger-turns``
   turns on a new thread, its tools node running each call plainly or between
   ``begin_tool_call`` and ``end_tool_call`` (what a replay-safe tool does on its first run),
   the two alternating run by run: the median wall time per turn of each, and what the ledger
@@ -21,7 +21,6 @@ folder, WAL, ``synchronous=NORMAL``; a new Postgres schema; a new Redis key pref
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import statistics
 import tempfile
@@ -179,37 +178,50 @@ def postgres_floor(count: int) -> dict[str, float]:
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.ledger", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--runs", type=int, default=5)
-    parser.add_argument("--calls", type=int, default=300)
-    parser.add_argument("--turns", type=int, default=10)
-    parser.add_argument("--stores", default="sqlite,postgres")
-    args = parser.parse_args(argv)
-    stores = [name for name in args.stores.split(",") if name]
+def main(
+    runs: int = 5, calls: int = 300, turns: int = 10, stores: tuple[str, ...] = ("sqlite", "postgres")
+) -> dict[str, Any]:
+    """Measure each store in ``stores``; print the tables; the results, by store (and
+    ``postgres-floor``: the server's own costs)."""
     unknown = set(stores) - set(STORES)
     if unknown:
-        parser.error(f"unknown stores {sorted(unknown)}; choose from {', '.join(STORES)}")
-    print(f"begin_tool_call + end_tool_call, {args.calls} calls, median of {args.runs} runs (ms per call)")
+        raise SystemExit(f"unknown stores {sorted(unknown)}; choose from {', '.join(STORES)}")
+    results: dict[str, Any] = {}
+    for store in stores:
+        with opened(store) as saver:
+            found = measure_calls(saver, runs, calls)
+            per_turn = measure_turns(saver, runs, turns)
+        (sync_wall, sync_cpu), (async_wall, async_cpu) = found["sync"], found["async"]
+        results[store] = {
+            "sync_wall": sync_wall,
+            "sync_cpu": sync_cpu,
+            "async_wall": async_wall,
+            "async_cpu": async_cpu,
+            "turn_without": per_turn["without"],
+            "turn_with": per_turn["with"],
+            "per_call": per_turn["per_call"],
+        }
+    if "postgres" in stores or "tiered" in stores:
+        results["postgres-floor"] = postgres_floor(calls)
+    report(results, runs, calls, turns)
+    return results
+
+
+def report(results: dict[str, Any], runs: int, calls: int, turns: int) -> None:
+    stores = [name for name in results if name in STORES]
+    print(f"begin_tool_call + end_tool_call, {calls} calls, median of {runs} runs (ms per call)")
     print(f"{'store':10}{'sync wall':>11}{'sync cpu':>10}{'async wall':>12}{'async cpu':>11}")
     for store in stores:
-        with opened(store) as saver:
-            found = measure_calls(saver, args.runs, args.calls)
-        (sw, sc), (aw, ac) = found["sync"], found["async"]
-        print(f"{store:10}{sw:11.3f}{sc:10.3f}{aw:12.3f}{ac:11.3f}")
-    if "postgres" in stores or "tiered" in stores:
-        floor = postgres_floor(args.calls)
+        r = results[store]
+        print(
+            f"{store:10}{r['sync_wall']:11.3f}{r['sync_cpu']:10.3f}{r['async_wall']:12.3f}{r['async_cpu']:11.3f}"
+        )
+    if "postgres-floor" in results:
+        floor = results["postgres-floor"]
         print("postgres itself, median ms: " + ", ".join(f"{name} {ms:.3f}" for name, ms in floor.items()))
     print()
-    trips = TOOL_ROUND_TRIPS
-    print(f"the workload's agent, {args.turns} turns of {trips} tool calls, median of {args.runs} runs")
+    print(f"the workload's agent, {turns} turns of {TOOL_ROUND_TRIPS} tool calls, median of {runs} runs")
     print(f"{'store':10}{'ms/turn without':>17}{'ms/turn with':>14}{'ledger ms/call':>16}")
     for store in stores:
-        with opened(store) as saver:
-            turns = measure_turns(saver, args.runs, args.turns)
-        print(f"{store:10}{turns['without']:17.3f}{turns['with']:14.3f}{turns['per_call']:16.3f}")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+        r = results[store]
+        print(f"{store:10}{r['turn_without']:17.3f}{r['turn_with']:14.3f}{r['per_call']:16.3f}")

@@ -32,6 +32,7 @@ COMMANDS = {
     " --json bench/results/tiered-40.json",
     "sweep.json": "./dev bench sweep --runs 3 --threads 100000 --json bench/results/sweep.json",
     "startup.json": "./dev bench startup --runs 15 --json bench/results/startup.json",
+    "ledger.json": "./dev bench ledger --runs 5 --json bench/results/ledger.json",
 }
 # What "better" and "worse" are called for each kind of figure; "rate" is the one where more is better.
 WORDS = {
@@ -270,6 +271,33 @@ def startup(results: dict[str, Any]) -> list[str]:
     return out + compare(results, rows, against(["threadkeep-postgres"], "langgraph-postgres"))
 
 
+def ledger(results: dict[str, Any]) -> list[str]:
+    stores = [name for name in results if name not in (RUN, "postgres-floor")]
+    out = [
+        "`begin_tool_call` then `end_tool_call`, one call after another on one thread (ms per call),"
+        " and the workload's agent with and without the ledger around each of its tool calls:",
+        "",
+        "| store | sync call | async call | agent ms/turn without | with | ledger ms per tool call |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for name in stores:
+        r = results[name]
+        out.append(
+            f"| {label(name)} | {r['sync_wall']:.3f} | {r['async_wall']:.3f} | {r['turn_without']:.2f}"
+            f" | {r['turn_with']:.2f} | {r['per_call']:.3f} |"
+        )
+    floor = results.get("postgres-floor")
+    if floor:
+        out += [
+            "",
+            f"The Postgres server itself, for scale (median ms): a round trip {floor['round trip']:.3f}, a"
+            f" one-row INSERT committed durably {floor['durable commit']:.3f}, the same without waiting"
+            f" for its WAL flush {floor['commit, no flush wait']:.3f}. A tool call's ledger is two durable"
+            " commits (started, then its result), each acknowledged only once Postgres has flushed it.",
+        ]
+    return out
+
+
 def environment(folder: Path) -> list[str]:
     """One row per recorded property; a value that differs between files names the files."""
     seen: dict[str, dict[str, list[str]]] = {}
@@ -307,6 +335,7 @@ BLOCKS: dict[str, tuple[tuple[str, ...], Callable[[dict[str, Any]], list[str]]]]
     "tiered": (("tiered-10.json", "tiered-40.json"), tiered),
     "sweep": (("sweep.json",), sweep),
     "startup": (("startup.json",), startup),
+    "ledger": (("ledger.json",), ledger),
 }
 
 
