@@ -1,4 +1,4 @@
-"""The threads API of ``threadkeep serve`` (SPEC SV1), in process, on sqlite and postgres.
+"""The threads API of ``threadkeep serve`` (SPEC SV1), in process, on every provider.
 
 Keys: ``k-admin`` (ops, admin), ``k-alice`` and ``k-bob`` (users). Every thread route is
 asked with no key (401), for another user's thread (404, and the thread is untouched), for a
@@ -22,7 +22,7 @@ from tests.providers import Opener
 from threadkeep import Settings, ThreadkeepSaver, operator_scope
 from threadkeep.server import create_app, openapi
 
-pytestmark = pytest.mark.providers("sqlite", "postgres")
+pytestmark = pytest.mark.providers("sqlite", "postgres", "memory", "redis", "tiered")
 
 ADMIN, ALICE, BOB = "k-admin", "k-alice", "k-bob"
 KEYS = f"{ADMIN}:ops:admin,{ALICE}:alice:user,{BOB}:bob:user"
