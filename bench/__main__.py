@@ -13,6 +13,8 @@ and the machine, ``bench.environment``):
   first load, each run in new processes (``--runs`` defaults to 15 here);
 - ``ledger [--runs N] [--calls 300] [--ledger-turns 10] [--stores sqlite,postgres]``: what the
   tool-call ledger costs per tool call (``--runs`` defaults to 5 here).
+- ``threads [--runs N] [--sizes 1000,10000,100000]``: a page of the thread listing from seeded
+  stores of each size, on sqlite, postgres and redis (``--runs`` defaults to 15 here).
 
 From the results files in ``--results`` (``bench/results``), without measuring anything:
 
@@ -35,9 +37,9 @@ from typing import Any
 from bench import environment, figures, page
 from bench.stored import RESULTS, RUN
 
-MEASURING = ("conversation", "servers", "tiered", "sweep", "calls", "startup", "ledger")
+MEASURING = ("conversation", "servers", "tiered", "sweep", "calls", "startup", "ledger", "threads")
 # Runs per measurement when --runs is not given.
-RUNS = {"startup": 15, "ledger": 5}
+RUNS = {"startup": 15, "ledger": 5, "threads": 15}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -63,6 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--calls", type=int, default=300, help="ledger: tool calls in a row per run")
     parser.add_argument("--ledger-turns", type=int, default=10, help="ledger: turns of the agent per run")
     parser.add_argument("--stores", default="sqlite,postgres", help="ledger: the stores to measure")
+    parser.add_argument("--sizes", default="1000,10000,100000", help="threads: store sizes to seed")
     parser.add_argument(
         "--freeze-gc",
         action="store_true",
@@ -109,6 +112,10 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
 
         stores = tuple(name for name in args.stores.split(",") if name)
         return ledger.main(runs=args.runs, calls=args.calls, turns=args.ledger_turns, stores=stores)
+    if args.suite == "threads":
+        from bench import threads
+
+        return threads.main(runs=args.runs, sizes=tuple(int(n) for n in args.sizes.split(",")))
     if args.suite == "calls":
         from bench import calls
 
