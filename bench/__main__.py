@@ -10,7 +10,9 @@ and the machine, ``bench.environment``):
 - ``calls [--runs N] [--conversation-turns 10]`` (its one length);
 - ``sweep [--runs N] [--threads 100000]``;
 - ``startup [--runs N] [--conversation-turns 10]`` (its one length): opening a saver and its
-  first load, each run in new processes (``--runs`` defaults to 15 here).
+  first load, each run in new processes (``--runs`` defaults to 15 here);
+- ``resolver [--lookups 100000] [--lookup-threads 1000]``: the store reads the ownership
+  resolver saves (exact counts, one run).
 
 From the results files in ``--results`` (``bench/results``), without measuring anything:
 
@@ -33,7 +35,7 @@ from typing import Any
 from bench import environment, figures, page
 from bench.stored import RESULTS, RUN
 
-MEASURING = ("conversation", "servers", "tiered", "sweep", "calls", "startup")
+MEASURING = ("conversation", "servers", "tiered", "sweep", "calls", "startup", "resolver")
 # Runs per measurement when --runs is not given.
 RUNS = {"startup": 15}
 
@@ -58,6 +60,8 @@ def main(argv: list[str] | None = None) -> int:
         "--conversation-turns", default="10,40", help="servers: lengths of the concurrent conversations"
     )
     parser.add_argument("--threads", type=int, default=100_000, help="sweep: expired threads to seed")
+    parser.add_argument("--lookups", type=int, default=100_000, help="resolver: owner lookups")
+    parser.add_argument("--lookup-threads", type=int, default=1000, help="resolver: threads looked up")
     parser.add_argument(
         "--freeze-gc",
         action="store_true",
@@ -99,6 +103,10 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         from bench import startup
 
         return startup.main(runs=args.runs, turns=lengths[0])
+    if args.suite == "resolver":
+        from bench import resolver
+
+        return resolver.main(lookups=args.lookups, threads=args.lookup_threads)
     if args.suite == "calls":
         from bench import calls
 
