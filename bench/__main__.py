@@ -15,6 +15,8 @@ and the machine, ``bench.environment``):
   tool-call ledger costs per tool call (``--runs`` defaults to 5 here).
 - ``threads [--runs N] [--sizes 1000,10000,100000]``: a page of the thread listing from seeded
   stores of each size, on sqlite, postgres and redis (``--runs`` defaults to 15 here).
+- ``resolver [--lookups 100000] [--lookup-threads 1000]``: the store reads the ownership
+  resolver saves (exact counts, one run).
 
 From the results files in ``--results`` (``bench/results``), without measuring anything:
 
@@ -37,7 +39,17 @@ from typing import Any
 from bench import environment, figures, page
 from bench.stored import RESULTS, RUN
 
-MEASURING = ("conversation", "servers", "tiered", "sweep", "calls", "startup", "ledger", "threads")
+MEASURING = (
+    "conversation",
+    "servers",
+    "tiered",
+    "sweep",
+    "calls",
+    "startup",
+    "ledger",
+    "threads",
+    "resolver",
+)
 # Runs per measurement when --runs is not given.
 RUNS = {"startup": 15, "ledger": 5, "threads": 15}
 
@@ -66,6 +78,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ledger-turns", type=int, default=10, help="ledger: turns of the agent per run")
     parser.add_argument("--stores", default="sqlite,postgres", help="ledger: the stores to measure")
     parser.add_argument("--sizes", default="1000,10000,100000", help="threads: store sizes to seed")
+    parser.add_argument("--lookups", type=int, default=100_000, help="resolver: owner lookups")
+    parser.add_argument("--lookup-threads", type=int, default=1000, help="resolver: threads looked up")
     parser.add_argument(
         "--freeze-gc",
         action="store_true",
@@ -116,6 +130,10 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         from bench import threads
 
         return threads.main(runs=args.runs, sizes=tuple(int(n) for n in args.sizes.split(",")))
+    if args.suite == "resolver":
+        from bench import resolver
+
+        return resolver.main(lookups=args.lookups, threads=args.lookup_threads)
     if args.suite == "calls":
         from bench import calls
 

@@ -20,6 +20,7 @@ from threadkeep.codec.serde import build_serde
 from threadkeep.core.retention import PlatformRetention
 from threadkeep.errors import ConfigurationError
 from threadkeep.extras import import_extra
+from threadkeep.metrics import Metrics
 from threadkeep.saver import Backend, ProviderFacts, ThreadkeepSaver
 from threadkeep.settings import PROVIDERS, Settings
 
@@ -53,6 +54,8 @@ class SaverOptions:
         enforce_user_isolation: See :class:`~threadkeep.saver.ThreadkeepSaver`.
         state_history_limit: Newest checkpoints kept per (thread, namespace).
         clock: Wall-clock seconds.
+        metrics: Where the saver counts (:mod:`threadkeep.metrics`); default:
+            :data:`threadkeep.metrics.METRICS`.
         backend: Provider-specific options (``synchronous``, ``busy_timeout_ms``,
             ``max_connections`` for sqlite).
     """
@@ -61,10 +64,11 @@ class SaverOptions:
     enforce_user_isolation: bool | None = None
     state_history_limit: int | None = None
     clock: Callable[[], float] = time.time
+    metrics: Metrics | None = None
     backend: Mapping[str, Any] = field(default_factory=dict)
 
 
-_COMMON = frozenset({"serde", "enforce_user_isolation", "state_history_limit", "clock"})
+_COMMON = frozenset({"serde", "enforce_user_isolation", "state_history_limit", "clock", "metrics"})
 Builder = Callable[[Settings, SaverOptions], ThreadkeepSaver]
 AsyncBuilder = Callable[[Settings, SaverOptions], Awaitable[ThreadkeepSaver]]
 AdminOpener = Callable[[Settings], Backend]
@@ -153,7 +157,8 @@ def open_checkpointer(
         conn_string: The provider's connection string (a path for sqlite).
         settings: Deployment settings; default: read from the environment.
         **options: ``serde``, ``enforce_user_isolation``, ``state_history_limit``,
-            ``clock``, and the provider's own options.
+            ``clock``, ``metrics`` (a :class:`threadkeep.metrics.Metrics` to count into), and
+            the provider's own options.
 
     Raises:
         ConfigurationError: an unknown provider or option, or a setting refused.
@@ -229,6 +234,7 @@ def saver_kwargs(settings: Settings, options: SaverOptions) -> dict[str, Any]:
             else options.state_history_limit
         ),
         "clock": options.clock,
+        "metrics": options.metrics,
         "retention": PlatformRetention(
             settings.retention_waiting_minutes,
             settings.retention_finished_minutes,

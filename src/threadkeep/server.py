@@ -3,8 +3,8 @@
 Routes (:data:`API` lists them, and ``GET /openapi.json`` serves it as an OpenAPI schema):
 
 - ``GET /healthz``: 200 ``{"status": "ok", ...}`` when the configured store answers, else 503.
-- ``GET /metrics``: every threadkeep counter in the Prometheus text format (no key needed),
-  listed from the start (at zero until counted).
+- ``GET /metrics``: every threadkeep metric family (:mod:`threadkeep.metrics`) in the
+  Prometheus text format (no key needed), listed from the start (at zero until counted).
 - ``GET /openapi.json``: the routes as an OpenAPI 3.1 schema (no key needed).
 - ``POST /api/checkpoints/sweep``: run :func:`threadkeep.sweep.sweep_checkpoints` (admin key;
   ``?dry_run=true`` deletes nothing); the body is the sweep's result (SPEC SW6).
@@ -54,7 +54,7 @@ from threadkeep.errors import (
     ThreadNotFoundError,
 )
 from threadkeep.extras import import_extra
-from threadkeep.metrics import METRICS, Metrics
+from threadkeep.metrics import CONTENT_TYPE, METRICS, Metrics
 from threadkeep.providers import open_checkpointer
 from threadkeep.saver import ThreadkeepSaver
 from threadkeep.settings import Settings
@@ -391,7 +391,7 @@ class _Service:
             if self._closed:
                 raise StorageError("the server is shutting down: its checkpoint store is closed")
             if self._saver is None:
-                self._saver = open_checkpointer(settings=self.settings)
+                self._saver = open_checkpointer(settings=self.settings, metrics=self.metrics)
             return self._saver
 
     @property
@@ -607,7 +607,8 @@ def create_app(
     Args:
         settings: Default: from the environment (a removed variable refuses to boot).
         saver: Serve this store instead of opening the one the settings name (kept open).
-        metrics: The registry ``/metrics`` serves.
+        metrics: What ``/metrics`` serves, and where the store the settings open counts (a
+            given ``saver`` counts where it was built to).
 
     Raises:
         MissingExtraError: the ``[server]`` extra is not installed.
@@ -616,7 +617,7 @@ def create_app(
     from starlette.applications import Starlette
     from starlette.concurrency import run_in_threadpool
     from starlette.requests import Request
-    from starlette.responses import JSONResponse, PlainTextResponse, Response
+    from starlette.responses import JSONResponse, Response
     from starlette.routing import Route
 
     service = _Service(settings or Settings.from_env(), saver, metrics)
@@ -665,7 +666,7 @@ def create_app(
         return JSONResponse({"status": "ok", "provider": service.settings.provider})
 
     async def metrics_route(request: Request) -> Response:
-        return PlainTextResponse(service.metrics.render(), media_type="text/plain; version=0.0.4")
+        return Response(service.metrics.render(), media_type=CONTENT_TYPE)
 
     async def openapi_route(request: Request) -> Response:
         return JSONResponse(openapi())

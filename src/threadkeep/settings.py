@@ -86,7 +86,8 @@ class Settings:
         conn_string: The provider's connection string (a path for sqlite). Unset: sqlite uses
             `.threadkeep/checkpoints.sqlite`, postgres `DATABASE_URL` (neither set: refused at start;
             `postgresql://` takes everything from libpq's `PG*`), redis `REDIS_URL`.
-        cache_url: tiered only: the Redis URL of the hot tier (else `REDIS_URL`).
+        cache_url: the Redis URL of the tiered provider's hot tier and of the ownership resolver's
+            shared cache (`OwnershipResolver.from_settings`), else `REDIS_URL`.
         cache_ttl_seconds: tiered only: how long a thread's cached latest state lives after its last write (a
             read does not extend it); a miss only costs a read from Postgres.
         cache_lease_seconds: tiered only: the staleness bound. A read of a thread's newest state that starts

@@ -24,7 +24,7 @@ from threadkeep.core.identity import operator_scope
 from threadkeep.core.retention import ExpiredThread, Horizon, SweepPage
 from threadkeep.core.retry import maintenance
 from threadkeep.errors import ConfigurationError
-from threadkeep.metrics import METRICS, SWEEP_DELETED, SWEEP_SPARED, Metrics
+from threadkeep.metrics import SWEEP_DELETED, SWEEP_RUNS, SWEEP_SPARED, Metrics
 from threadkeep.saver import ThreadkeepSaver
 
 __all__ = [
@@ -161,7 +161,7 @@ def sweep_checkpoints(
     now: float | None = None,
     dry_run: bool = False,
     progress: Callable[[SweepResult, int], None] | None = None,
-    metrics: Metrics = METRICS,
+    metrics: Metrics | None = None,
 ) -> SweepResult:
     """Delete the threads past their horizon that nobody claims (SPEC SW1-SW8).
 
@@ -172,7 +172,7 @@ def sweep_checkpoints(
         dry_run: Find and filter, but delete nothing; ``doomed`` lists what would go.
         progress: Called after each page with the result so far and the number of threads
             the sweep expects to visit (counted once, at the start).
-        metrics: Where spared and deleted threads are counted.
+        metrics: Where runs, spared and deleted threads are counted; default: the saver's.
 
     Raises:
         Exception: whatever a live-thread filter raised (with a note naming the filter).
@@ -190,7 +190,9 @@ def sweep_checkpoints(
             context={"declared_waiting_minutes": saver.declared.waiting_minutes},
         )
     with operator_scope():
-        return _Sweep(saver, saver.clock() if now is None else now, dry_run, progress, metrics).run()
+        return _Sweep(
+            saver, saver.clock() if now is None else now, dry_run, progress, metrics or saver.metrics
+        ).run()
 
 
 class _Sweep:
@@ -217,7 +219,9 @@ class _Sweep:
 
     def run(self) -> SweepResult:
         with maintenance():  # long round trips, nobody waiting: no command timeout
-            return self._run()
+            result = self._run()
+        self.metrics.inc(SWEEP_RUNS, dry_run=str(self.dry_run).lower())
+        return result
 
     def _run(self) -> SweepResult:
         expiry = self.saver.facts.expiry

@@ -22,7 +22,7 @@ from starlette.testclient import TestClient
 from tests.retention.test_retention import cfg, exists, interrupting_graph, write
 from threadkeep import ConfigurationError, Settings, StorageError, open_checkpointer
 from threadkeep.cli import main
-from threadkeep.metrics import Metrics
+from threadkeep.metrics import CONTENT_TYPE, Metrics
 from threadkeep.server import create_app
 
 DAY = 86_400.0
@@ -208,7 +208,7 @@ def test_sv4_metrics_serve_the_prometheus_text_format(client: Any) -> None:
     client.post("/api/checkpoints/sweep", headers={"Authorization": f"Bearer {ADMIN}"})
     response = client.get("/metrics")
     assert response.status_code == 200
-    assert response.headers["content-type"].startswith("text/plain; version=0.0.4")
+    assert response.headers["content-type"] == CONTENT_TYPE  # prometheus_client's text format
     text = response.text
     assert "# TYPE threadkeep_checkpoint_sweep_spared_total counter" in text
     assert 'threadkeep_checkpoint_sweep_spared_total{horizon="finished",owner="interrupts"} 1' in text
@@ -229,12 +229,12 @@ async def test_sv4_a_fresh_servers_metrics_list_every_counter(env: dict[str, str
         assert any(line.startswith(f"# HELP {name} ") for line in lines), name
         assert f"# TYPE {name} counter" in lines
     for series in (
-        'threadkeep_checkpoint_sweep_deleted_total{horizon="finished"} 0',
-        'threadkeep_checkpoint_sweep_deleted_total{horizon="waiting"} 0',
-        'threadkeep_checkpoint_sweep_spared_total{horizon="waiting",owner="interrupts"} 0',
-        'threadkeep_checkpoint_sweep_spared_total{horizon="finished",owner="parks"} 0',
-        'threadkeep_cache_events_total{event="hit"} 0',
-        'threadkeep_cache_events_total{event="error"} 0',
+        'threadkeep_checkpoint_sweep_deleted_total{horizon="finished"} 0.0',
+        'threadkeep_checkpoint_sweep_deleted_total{horizon="waiting"} 0.0',
+        'threadkeep_checkpoint_sweep_spared_total{horizon="waiting",owner="interrupts"} 0.0',
+        'threadkeep_checkpoint_sweep_spared_total{horizon="finished",owner="parks"} 0.0',
+        'threadkeep_cache_events_total{event="hit"} 0.0',
+        'threadkeep_cache_events_total{event="error"} 0.0',
     ):
         assert series in lines, series
 

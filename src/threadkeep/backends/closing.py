@@ -14,7 +14,7 @@ from typing import Any, Generic, TypeVar
 
 __all__ = ["PerLoop", "close_elsewhere"]
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("threadkeep.backends")
 
 R = TypeVar("R")
 

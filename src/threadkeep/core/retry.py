@@ -81,6 +81,7 @@ class RetryPolicy:
         deadline: Seconds one call (a step) may spend on its tries, waits for a connection
             and backoffs together (``STEP_DEADLINE_SECONDS``); ``None``, no bound but the
             attempts. A round trip already sent is bounded by the command timeout instead.
+        on_retry: Told each time a try is to run again (the retries metric counts there).
     """
 
     attempts: int
@@ -89,6 +90,7 @@ class RetryPolicy:
     store: str
     refused: Callable[[BaseException], Refusal | None] = _never_refused
     deadline: float | None = None
+    on_retry: Callable[[], None] | None = None
 
     def delay_after(
         self,
@@ -144,6 +146,8 @@ class RetryPolicy:
             error,
             delay,
         )
+        if self.on_retry is not None:
+            self.on_retry()
         return delay
 
     def out_of_time(

@@ -22,6 +22,7 @@ from threadkeep.backends.postgres.engine import (
 from threadkeep.backends.sql.backend import SqlBackend, load_migrations
 from threadkeep.core.retry import RetryPolicy
 from threadkeep.errors import ConfigurationError
+from threadkeep.metrics import METRICS, Metrics
 from threadkeep.providers import FACTS, Provider, SaverOptions, saver_kwargs
 from threadkeep.saver import ThreadkeepSaver
 from threadkeep.settings import Settings
@@ -32,7 +33,7 @@ _MIGRATIONS = load_migrations(__name__)
 _OPTIONS = frozenset({"pool", "async_pool", "prepare_threshold", "min_size", "max_size"})
 
 
-def _engine(settings: Settings, **options: Any) -> PostgresEngine:
+def _engine(settings: Settings, metrics: Metrics, **options: Any) -> PostgresEngine:
     pool, async_pool = options.get("pool"), options.get("async_pool")
     conninfo = settings.postgres_dsn()
     if not conninfo and pool is not None:
@@ -67,6 +68,7 @@ def _engine(settings: Settings, **options: Any) -> PostgresEngine:
             store="postgres",
             refused=refusal,
             deadline=settings.step_deadline_seconds,
+            on_retry=metrics.meters(settings.provider).retried,
         ),
         options=PoolOptions(
             min_size=options.get("min_size", settings.pool_min_size),
@@ -82,9 +84,12 @@ def _engine(settings: Settings, **options: Any) -> PostgresEngine:
     )
 
 
-def open_postgres_backend(settings: Settings, *, gate: bool = True, **options: Any) -> SqlBackend:
-    """Open the Postgres store the settings name; with ``gate``, check and migrate it."""
-    engine = _engine(settings, **options)
+def open_postgres_backend(
+    settings: Settings, *, gate: bool = True, metrics: Metrics | None = None, **options: Any
+) -> SqlBackend:
+    """Open the Postgres store the settings name; with ``gate``, check and migrate it.
+    ``metrics``: where its retries are counted (default: :data:`threadkeep.metrics.METRICS`)."""
+    engine = _engine(settings, metrics or METRICS, **options)
     backend = SqlBackend(engine, queries, _MIGRATIONS)
     if gate:
         try:
@@ -96,7 +101,7 @@ def open_postgres_backend(settings: Settings, *, gate: bool = True, **options: A
 
 
 def build_postgres(settings: Settings, options: SaverOptions) -> ThreadkeepSaver:
-    backend = open_postgres_backend(settings, **options.backend)
+    backend = open_postgres_backend(settings, metrics=options.metrics, **options.backend)
     return ThreadkeepSaver(backend, FACTS["postgres"], **saver_kwargs(settings, options))
 
 

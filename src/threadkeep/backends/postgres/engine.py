@@ -61,7 +61,7 @@ from threadkeep.errors import StorageError, ThreadkeepError
 
 __all__ = ["PlannedOnce", "PoolOptions", "PostgresEngine", "is_connection_error", "refusal"]
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("threadkeep.postgres")
 T = TypeVar("T")
 
 

@@ -27,6 +27,7 @@ from threadkeep.core.records import ListQuery, PutStep, Target, WritesStep
 from threadkeep.core.retention import ExpiredThread, Park, SweepPage, ThreadRetention
 from threadkeep.core.retry import RetryPolicy
 from threadkeep.errors import ConfigurationError
+from threadkeep.metrics import METRICS, Metrics
 from threadkeep.providers import FACTS, Provider, SaverOptions, saver_kwargs
 from threadkeep.saver import ThreadkeepSaver
 from threadkeep.settings import Settings
@@ -82,6 +83,9 @@ class RedisBackend:
 
     def delete_thread(self, thread_id: str, owner: str | None) -> Program[bool]:
         return self._programs.delete_thread(self.space, thread_id, owner)
+
+    def owner_of(self, thread_id: str) -> Program[str | None]:
+        return self._programs.owner_of(self.space, thread_id)
 
     def run_threads(self, run_ids: Sequence[str], owner: str | None) -> Program[list[tuple[str, str]] | None]:
         """``None``: Redis keeps no index of runs (its delete reads every thread)."""
@@ -186,8 +190,11 @@ class RedisBackend:
         self.engine.setup(lambda: self._programs.reset(self.space))
 
 
-def open_redis_backend(settings: Settings, *, gate: bool = True, **options: Any) -> RedisBackend:
-    """Open the Redis store the settings name; with ``gate``, run the format gate."""
+def open_redis_backend(
+    settings: Settings, *, gate: bool = True, metrics: Metrics | None = None, **options: Any
+) -> RedisBackend:
+    """Open the Redis store the settings name; with ``gate``, run the format gate.
+    ``metrics``: where its retries are counted (default: :data:`threadkeep.metrics.METRICS`)."""
     url = settings.redis_url_for("redis")
     client = options.get("client")
     if url is None and client is None:
@@ -205,6 +212,7 @@ def open_redis_backend(settings: Settings, *, gate: bool = True, **options: Any)
             store="redis",
             refused=refusal,
             deadline=settings.step_deadline_seconds,
+            on_retry=(metrics or METRICS).meters(settings.provider).retried,
         ),
         cluster=options.get("cluster"),
         client=client,
@@ -225,7 +233,7 @@ def open_redis_backend(settings: Settings, *, gate: bool = True, **options: Any)
 
 
 def build_redis(settings: Settings, options: SaverOptions) -> ThreadkeepSaver:
-    backend = open_redis_backend(settings, **options.backend)
+    backend = open_redis_backend(settings, metrics=options.metrics, **options.backend)
     return ThreadkeepSaver(backend, FACTS["redis"], **saver_kwargs(settings, options))
 
 

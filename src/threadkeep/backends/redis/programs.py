@@ -484,6 +484,12 @@ _NOT_YOURS = -2
 _REFUSED = -1
 
 
+def owner_of(space: KeySpace, thread_id: str) -> Program[str | None]:
+    """The user who owns ``thread_id``, or ``None`` if the store has no such thread."""
+    found = yield Command(("HGET", space.thread(thread_id)[0], "owner"))
+    return None if found is None else bytes(found).decode()
+
+
 def delete_thread(space: KeySpace, thread_id: str, owner: str | None) -> Program[bool]:
     """Delete everything a thread holds, in one script (``delete.lua`` deletes its keys at
     once), and its finished mark. What a writer stores after that belongs to a run that

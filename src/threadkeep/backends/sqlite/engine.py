@@ -22,7 +22,7 @@ from threadkeep.errors import StorageError
 
 __all__ = ["SqliteEngine"]
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("threadkeep.sqlite")
 T = TypeVar("T")
 
 MEMORY = ":memory:"

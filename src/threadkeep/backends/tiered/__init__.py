@@ -43,7 +43,6 @@ _OPTIONS = frozenset(
         "cache_ttl",
         "cache_lease",
         "cache_timeout",
-        "metrics",
     }
 )
 _POSTGRES_OPTIONS = frozenset({"pool", "async_pool", "prepare_threshold", "min_size", "max_size"})
@@ -85,10 +84,10 @@ def open_tiered_backend(
         connect_timeout=min(timeout, settings.connect_timeout_seconds),
         socket_timeout=timeout,
     )
+    metrics = options.metrics or METRICS
     durable = open_postgres_backend(
-        settings, gate=gate, **{k: v for k, v in extra.items() if k in _POSTGRES_OPTIONS}
+        settings, gate=gate, metrics=metrics, **{k: v for k, v in extra.items() if k in _POSTGRES_OPTIONS}
     )
-    metrics = extra.get("metrics") or METRICS
     return TieredBackend(
         durable,
         StateCache(KeySpace(extra.get("cache_prefix", "tkc")), int(ttl * 1000), int(lease * 1000)),

@@ -285,6 +285,10 @@ class TieredBackend:
         yield from self._forget(thread_id, user, removed=True)
         return bool(deleted)
 
+    def owner_of(self, thread_id: str) -> Program[str | None]:
+        owner: str | None = yield Durable(lambda: self.durable.owner_of(thread_id))
+        return owner
+
     def run_threads(self, run_ids: Sequence[str], owner: str | None) -> Program[list[tuple[str, str]] | None]:
         threads = yield Durable(lambda: self.durable.run_threads(run_ids, owner))
         return threads  # type: ignore[no-any-return]
