@@ -56,7 +56,8 @@ _PG_SEED = (
     SELECT t.tid, '', 'cp1', NULL, 'run-' || t.tid, t.active_at, %(checkpoint)s::json,
            format(%(metadata)s, t.tid)::json
     FROM tk_threads AS t""",
-    """INSERT INTO tk_writes (tid, checkpoint_ns, checkpoint_id, task_id, idx, task_path, channel, type, value)
+    """INSERT INTO tk_writes
+        (tid, checkpoint_ns, checkpoint_id, task_id, idx, task_path, channel, type, value)
     SELECT t.tid, '', 'cp1', 'task', -3, '', '__interrupt__', 'json', '\\x7b7d'
     FROM tk_threads AS t WHERE t.interrupt_at IS NOT NULL""",
     """INSERT INTO tk_parks (tid, park_id, deadline)
@@ -196,7 +197,9 @@ def measure_store(saver: ThreadkeepSaver, threads: int, runs: int) -> dict[str, 
         first = saver.threads(ThreadQuery(limit=PAGE))
         assert len(first.threads) == PAGE, len(first.threads)
         figures["first_page_ms"] = _median_ms(lambda: saver.threads(ThreadQuery(limit=PAGE)), runs)
-        figures["deep_page_ms"] = _median_ms(lambda: saver.threads(ThreadQuery(limit=PAGE, cursor=deep)), runs)
+        figures["deep_page_ms"] = _median_ms(
+            lambda: saver.threads(ThreadQuery(limit=PAGE, cursor=deep)), runs
+        )
         figures["finished_ms"] = _median_ms(
             lambda: saver.threads(ThreadQuery(limit=PAGE, status="finished")), runs
         )
@@ -205,7 +208,9 @@ def measure_store(saver: ThreadkeepSaver, threads: int, runs: int) -> dict[str, 
     return figures
 
 
-def main(runs: int = 15, sizes: tuple[int, ...] = SIZES, stores: tuple[str, ...] = tuple(STORES)) -> dict[str, Any]:
+def main(
+    runs: int = 15, sizes: tuple[int, ...] = SIZES, stores: tuple[str, ...] = tuple(STORES)
+) -> dict[str, Any]:
     results: dict[str, Any] = {"page": PAGE, "sizes": list(sizes), "stores": {}}
     for store in stores:
         results["stores"][store] = {}
