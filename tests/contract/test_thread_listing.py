@@ -169,6 +169,8 @@ def test_statuses_due_times_and_the_status_filter(open_saver: Opener, api: str) 
         assert waiting.due == pytest.approx(waiting.written_at + 60 * platform.waiting_minutes)
         for status in ("waiting", "finished", "interrupted", "parked"):
             assert ids(listing(saver, api, ThreadQuery(status=status))) == [status]  # type: ignore[arg-type]
+    with operator_scope():  # the sweep's own view agrees: its interrupts filter spares it
+        assert saver.interrupted(["interrupted", "waiting", "finished"]) == {"interrupted"}
     # the run resumed: no longer interrupted
     _graph(saver, _asking).invoke(_resume(), config("alice", "interrupted"))
     with user_scope("alice"):

@@ -545,11 +545,16 @@ def put_writes(q: SqlDialect, step: WritesStep) -> Program[None]:
         ]
         if rows:
             requests.append(q.many(kind, common, rows))
-    if target.checkpoint_ns == "" and any(
+    # An interrupt names its checkpoint in the thread's row (the listing's index). Not in one
+    # statement with the writes (Postgres runs an independent batch as one): their guard locks
+    # the row (FOR KEY SHARE), and a lock skips a row its own statement updates, writes and
+    # all. Only a batch holding an interrupt runs as separate statements.
+    interrupts = target.checkpoint_ns == "" and any(
         write.special and write.channel == _INTERRUPT for write in step.rows
-    ):
+    )
+    if interrupts:
         requests.append(Sql(q.MARK_INTERRUPT, common))
-    results = yield Batch(tuple(requests), independent=True)
+    results = yield Batch(tuple(requests), independent=not interrupts)
     if not results[0]:
         thread = {"thread_id": target.thread_id, "owner": target.actor.user_id, "now": step.now}
         results = (yield Batch((Sql(q.INSERT_THREAD, thread), *requests)))[1:]
