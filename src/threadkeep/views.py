@@ -14,7 +14,8 @@ Views:
 - :func:`history_view`: one row of a thread's history (no channel values: cheap for long
   histories);
 - :func:`diff_view`: what changed between two checkpoints, channel by channel, messages by id;
-- :func:`message_view`: one LangChain message (or a message dict) as a chat shows it.
+- :func:`message_view`: one LangChain message (or a message dict) as a chat shows it;
+- :func:`retention_view`: when a thread is due to leave, and what would spare it.
 
 Bounds: a string longer than :data:`MAX_STRING` characters (:data:`MAX_TEXT` for a message's
 text) is cut and ends with ``…[+N chars]``; a container past :data:`MAX_ITEMS` items ends with
@@ -40,6 +41,8 @@ from typing import Any, Final
 from langchain_core.messages import BaseMessage
 from langgraph.checkpoint.base import CheckpointTuple
 
+from threadkeep.core.retention import PlatformRetention, ThreadRetention
+
 __all__ = [
     "MAX_BYTES",
     "MAX_DEPTH",
@@ -52,6 +55,7 @@ __all__ = [
     "jsonable",
     "message_view",
     "preview",
+    "retention_view",
     "state_view",
 ]
 
@@ -421,11 +425,11 @@ def diff_view(a: CheckpointTuple, b: CheckpointTuple) -> dict[str, Any]:
         "changed", "before": preview | None, "after": preview | None}``; for a message
         channel also ``messages_added`` and ``messages_removed`` (message views, matched by
         id, else by type and text) and ``messages_changed`` (``[{"id", "before", "after"}]``).
-        Unchanged channels are left out.
+        Channels in name order; unchanged ones are left out.
     """
     before, after = _state(a), _state(b)
     channels: dict[str, dict[str, Any]] = {}
-    for name in [*before, *(name for name in after if name not in before)]:
+    for name in sorted(before.keys() | after.keys()):
         old, new = before.get(name, _ABSENT), after.get(name, _ABSENT)
         if old is _ABSENT or new is _ABSENT:
             change = "added" if old is _ABSENT else "removed"
@@ -473,4 +477,60 @@ def _message_changes(old: Iterable[Any], new: Iterable[Any]) -> dict[str, Any]:
             for key, view in after.items()
             if key in before and before[key] != view
         ],
+    }
+
+
+def retention_view(
+    head: CheckpointTuple,
+    declared: ThreadRetention,
+    finished_due: float | None,
+    platform: PlatformRetention,
+    *,
+    now: float,
+    parked: bool,
+) -> dict[str, Any]:
+    """A thread's retention, from its newest checkpoint ``head``, what its owner declared,
+    its finished due time (``None``: not marked finished), the platform's horizons, the
+    clock, and whether a run on it is parked now.
+
+    Returns:
+        ``thread_id``; ``status`` (as the threads listing's: ``parked``, ``interrupted``,
+        ``finished`` or ``waiting``); ``written_at``; ``due`` (the finished mark's due time,
+        else the newest write plus the waiting horizon; ``None`` if the write time is
+        unreadable); ``horizons`` in force and ``declared`` (minutes, ``None``: the
+        platform's) and ``platform``; ``spared_by``: what would make a sweep past ``due``
+        spare the thread (``park``: a live park; ``interrupt``: it waits on an interrupt
+        younger than the platform's interrupt horizon); registered live-thread filters are
+        not asked.
+    """
+    written_at = checkpoint_time(head)
+    interrupted = bool(_interrupts(head))
+    since = platform.interrupted_since(now)
+    spared_by = ["park"] if parked else []
+    if interrupted and (since is None or (written_at is not None and written_at >= since)):
+        spared_by.append("interrupt")
+    waiting = declared.waiting(platform)
+    if finished_due is not None:
+        due: float | None = finished_due
+    else:
+        due = None if written_at is None else written_at + 60 * waiting
+    status = (
+        "parked" if parked else "interrupted" if interrupted else "finished" if finished_due else "waiting"
+    )
+    return {
+        "thread_id": _ids(head)["thread_id"],
+        "status": status,
+        "written_at": written_at,
+        "due": due,
+        "horizons": {"waiting_minutes": waiting, "finished_minutes": declared.finished(platform)},
+        "declared": {
+            "waiting_minutes": declared.waiting_minutes,
+            "finished_minutes": declared.finished_minutes,
+        },
+        "platform": {
+            "waiting_minutes": platform.waiting_minutes,
+            "finished_minutes": platform.finished_minutes,
+            "interrupt_minutes": platform.interrupt_minutes,
+        },
+        "spared_by": spared_by,
     }
