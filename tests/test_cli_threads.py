@@ -24,7 +24,7 @@ from threadkeep import Settings, ThreadkeepSaver, open_checkpointer, operator_sc
 from threadkeep.cli import main
 from threadkeep.providers import facts_of
 from threadkeep.threads import ThreadQuery
-from threadkeep.views import diff_view, history_view, state_view
+from threadkeep.views import diff_view, history_view, retention_view, state_view
 from threadkeep.workload import build_agent, run_turns
 
 # A zone with a half-hour offset and no daylight saving: a time printed in UTC (or in the
@@ -202,8 +202,8 @@ def test_sv3_threads_show_prints_the_conversation_with_tool_calls_and_results(se
     assert result.exit_code == 0, result.output
     out = result.stdout
     assert out.startswith("thread a-1\n")
-    assert "  owner       alice" in out
-    assert "  status      " in out
+    assert "  status      waiting" in out
+    assert "  spared by   nothing: the sweep deletes it once due" in out
     assert "conversation: 16 message(s)" in out
     assert "[1] human\n    Turn 0: " in out
     assert '-> lookup(query="turn 0 question 0")  [call-0-0]' in out
@@ -214,14 +214,22 @@ def test_sv3_threads_show_prints_the_conversation_with_tool_calls_and_results(se
     assert "--full]" not in whole.stdout
 
 
-def test_sv3_threads_show_json_is_the_summary_and_the_state_view(seeded: Seeded) -> None:
-    with seeded.open() as saver, operator_scope():
-        summary = saver.thread("c-ask")
-    assert summary is not None
-    shown = ok_json("show", "c-ask")
-    expected = {"thread": summary.to_dict(), "state": state_view(newest(seeded, "c-ask"))}
-    assert shown == json.loads(json.dumps(expected))
-    assert shown["state"]["interrupts"][0]["value"] == "approve REFUND 40 EUR?"
+def test_sv3_threads_show_json_is_the_state_and_retention_views(seeded: Seeded) -> None:
+    for thread_id in ("c-ask", "a-2", "b-1"):
+        shown = ok_json("show", thread_id)
+        with seeded.open() as saver, operator_scope():
+            head = newest(seeded, thread_id)
+            retention = saver.thread_retention(thread_id)
+            assert retention is not None
+            now = saver.clock()
+            parked = thread_id in saver.live_parks([thread_id], now)
+            kept = retention_view(head, *retention, saver.retention, now=now, parked=parked)
+        assert shown == json.loads(json.dumps({"state": state_view(head), "retention": kept}))
+    assert ok_json("show", "c-ask")["state"]["interrupts"][0]["value"] == "approve REFUND 40 EUR?"
+    assert ok_json("show", "c-ask")["retention"]["status"] == "interrupted"
+    assert ok_json("show", "b-1")["retention"]["status"] == "finished"
+    if facts_of(seeded.provider).holds_parked_runs:
+        assert ok_json("show", "a-2")["retention"]["spared_by"] == ["park"]
 
 
 def test_sv3_threads_show_as_a_user_sees_only_that_users_threads(seeded: Seeded) -> None:
@@ -241,7 +249,7 @@ def test_sv3_threads_history_pages_newest_first_as_history_views(seeded: Seeded)
     cursor: str | None = None
     while True:
         page = ok_json("history", "a-1", "--limit", "7", *(["--cursor", cursor] if cursor else []))
-        assert page["thread_id"] == "a-1"
+        assert set(page) == {"checkpoints", "next_cursor"}
         rows += page["checkpoints"]
         cursor = page["next_cursor"]
         if cursor is None:
@@ -285,7 +293,7 @@ def test_sv3_threads_exit_codes_missing_thread_4_bad_input_2(seeded: Seeded) -> 
     a = checkpoints(seeded, "a-1")[0].config["configurable"]["checkpoint_id"]
     gone = run("diff", "a-1", a, "not-a-checkpoint")
     assert gone.exit_code == 4
-    assert "thread 'a-1' has no checkpoint 'not-a-checkpoint'" in gone.stderr
+    assert "no checkpoint 'not-a-checkpoint' of thread 'a-1'" in gone.stderr
 
     bad = run("list", "--cursor", "not-a-cursor")
     assert bad.exit_code == 2

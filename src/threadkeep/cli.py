@@ -20,11 +20,17 @@ import textwrap
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any
 
 import click
 
-from threadkeep.errors import CheckpointStoreFormatError, InvalidInputError, StorageError, ThreadkeepError
+from threadkeep.errors import (
+    CheckpointStoreFormatError,
+    InvalidInputError,
+    StorageError,
+    ThreadkeepError,
+    ThreadNotFoundError,
+)
 from threadkeep.threads import MAX_PAGE, STATUSES, Cursor, ThreadQuery, ThreadStatus
 
 if TYPE_CHECKING:
@@ -57,6 +63,9 @@ class _Group(click.Group):
         except InvalidInputError as error:
             click.echo(f"error: {error}", err=True)
             sys.exit(EXIT_USAGE)
+        except ThreadNotFoundError as error:
+            click.echo(f"error: {error}", err=True)
+            sys.exit(EXIT_NOT_FOUND)
         except StorageError as error:
             click.echo(f"error: {error}", err=True)
             # A conflict or another user's thread is an answer of the store, not its absence.
@@ -229,9 +238,10 @@ def conversations_delete_thread(thread_id: str, as_json: bool) -> None:
         sys.exit(EXIT_NOT_FOUND)
 
 
-@main.group()
+@main.group(epilog=EXIT_CODES_HELP)
 def threads() -> None:
-    """Threads of the configured store, whoever owns them (operator commands)."""
+    """Threads of the configured store, whoever owns them (operator commands): list them,
+    show one's conversation, history and the diff of two checkpoints, hand them to users."""
 
 
 @threads.command("assign-owner")
@@ -318,11 +328,6 @@ def _config(thread_id: str, checkpoint_id: str | None = None) -> RunnableConfig:
     if checkpoint_id is not None:
         configurable["checkpoint_id"] = checkpoint_id
     return {"configurable": configurable}
-
-
-def _no_thread(thread_id: str) -> NoReturn:
-    click.echo(f"error: no thread {thread_id!r} in the store (or not yours, with --user)", err=True)
-    sys.exit(EXIT_NOT_FOUND)
 
 
 def _when(ctx: click.Context, param: click.Parameter, value: str | None) -> float | None:
@@ -538,27 +543,31 @@ def threads_show(
 ) -> None:
     """Show THREAD_ID: its conversation (messages with their role, tool calls and results),
     status, due time and parks, and its newest checkpoint (exit 4 if there is no such thread)."""
-    from threadkeep.views import state_view
+    from threadkeep.views import retention_view, state_view
 
     with _opened(provider, conn, user) as saver:
         found = saver.get_tuple(_config(thread_id))
-        summary = saver.thread(thread_id) if found is not None else None
-    if found is None:
-        _no_thread(thread_id)
+        retention = saver.thread_retention(thread_id)
+        if found is None or retention is None:
+            raise ThreadNotFoundError(thread_id)
+        now = saver.clock()
+        parked = thread_id in saver.live_parks([thread_id], now)
+        kept = retention_view(found, *retention, saver.retention, now=now, parked=parked)
     state = state_view(found)
     if as_json:
-        click.echo(json.dumps({"thread": summary.to_dict() if summary else None, "state": state}, indent=2))
+        click.echo(json.dumps({"state": state, "retention": kept}, indent=2))
         return
-    now = time.time()
+    horizons = kept["horizons"]
     click.echo(f"thread {thread_id}")
-    if summary is not None:
-        click.echo(f"  owner       {summary.owner}")
-        click.echo(f"  status      {summary.status}")
-        due = "-" if summary.due is None else f"{_local(summary.due)} ({_relative(summary.due, now)})"
-        click.echo(f"  due         {due}")
-        parked = summary.parked_until
-        live = f"parked until {_local(parked)} ({_relative(parked, now)})" if parked else "no live park"
-        click.echo(f"  parks       {live}")
+    click.echo(f"  status      {kept['status']}")
+    due = "-" if kept["due"] is None else f"{_local(kept['due'])} ({_relative(kept['due'], now)})"
+    click.echo(f"  due         {due}")
+    waiting, finished = horizons["waiting_minutes"], horizons["finished_minutes"]
+    click.echo(f"  horizons    waiting {waiting} min, finished {finished} min")
+    click.echo(f"  parks       {'a live park' if 'park' in kept['spared_by'] else 'none live'}")
+    spared = {"park": "its live park", "interrupt": "its pending interrupt"}
+    reasons = " and ".join(spared.get(reason, reason) for reason in kept["spared_by"])
+    click.echo(f"  spared by   {reasons or 'nothing: the sweep deletes it once due'}")
     click.echo(f"  last write  {_local(state['created_at'])}")
     click.echo(f"  checkpoint  {state['checkpoint_id']} (step {state['step']}, {state['source']})")
     click.echo(f"  next        {', '.join(state['next']) or '- (the run ended)'}")
@@ -618,7 +627,7 @@ def threads_history(
 
     with _opened(provider, conn, user) as saver:
         if saver.get_tuple(_config(thread_id)) is None:
-            _no_thread(thread_id)
+            raise ThreadNotFoundError(thread_id)
         if cursor is not None and saver.get_tuple(_config(thread_id, cursor)) is None:
             raise click.BadParameter(
                 f"{cursor!r} is not a checkpoint of thread {thread_id!r}: pass the cursor the "
@@ -630,9 +639,7 @@ def threads_history(
     rows = [history_view(item) for item in found[:limit]]
     next_cursor = rows[-1]["checkpoint_id"] if len(found) > limit else None
     if as_json:
-        click.echo(
-            json.dumps({"thread_id": thread_id, "checkpoints": rows, "next_cursor": next_cursor}, indent=2)
-        )
+        click.echo(json.dumps({"checkpoints": rows, "next_cursor": next_cursor}, indent=2))
         return
     table = []
     for row in rows:
@@ -668,12 +675,11 @@ def threads_diff(
 
     with _opened(provider, conn, user) as saver:
         if saver.get_tuple(_config(thread_id)) is None:
-            _no_thread(thread_id)
+            raise ThreadNotFoundError(thread_id)
         older, newer = saver.get_tuple(_config(thread_id, a)), saver.get_tuple(_config(thread_id, b))
-    for name, found in ((a, older), (b, newer)):
-        if found is None:
-            click.echo(f"error: thread {thread_id!r} has no checkpoint {name!r}", err=True)
-            sys.exit(EXIT_NOT_FOUND)
+        for name, found in ((a, older), (b, newer)):
+            if found is None:
+                raise ThreadNotFoundError(thread_id, name)
     assert older is not None
     assert newer is not None
     diff = diff_view(older, newer)
@@ -681,8 +687,8 @@ def threads_diff(
         click.echo(json.dumps(diff, indent=2))
         return
     click.echo(f"thread {thread_id}")
-    for label, found in (("from", older), ("to", newer)):
-        row = history_view(found)
+    for label, item in (("from", older), ("to", newer)):
+        row = history_view(item)
         click.echo(
             f"  {label:<4} {row['checkpoint_id']}  step {row['step']}, {row['source']}, "
             f"{_local(row['created_at'])}"
