@@ -380,13 +380,14 @@ def _local(when: float | None, fmt: str = "%Y-%m-%d %H:%M:%S") -> str:
 
 
 def _span(seconds: float) -> str:
-    if seconds < 60:
-        return f"{int(seconds)} s"
-    if seconds < 3600:
-        return f"{int(seconds // 60)} min"
-    if seconds < 2 * 86400:
-        return f"{int(seconds // 3600)} h"
-    days, hours = divmod(int(seconds // 3600), 24)
+    """A duration to the nearest unit: ``40 s``, ``25 min``, ``3 h``, ``6 d 4 h``."""
+    if seconds < 59.5:
+        return f"{round(seconds)} s"
+    if (minutes := round(seconds / 60)) < 60:
+        return f"{minutes} min"
+    if (hours := round(seconds / 3600)) < 48:
+        return f"{hours} h"
+    days, hours = divmod(hours, 24)
     return f"{days} d {hours} h" if hours else f"{days} d"
 
 
