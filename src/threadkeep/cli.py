@@ -510,13 +510,6 @@ def threads_list(
             click.echo(json.dumps(page.to_dict(), indent=2))
             return
         previews = {row.thread_id: _last_message(saver, row.thread_id) for row in page.threads}
-    if not page.threads:
-        click.echo(
-            "no threads"
-            + (" on this page" if cursor else "")
-            + (" match the filters" if query != ThreadQuery(owner=user, limit=limit, cursor=cursor) else "")
-        )
-        return
     now = time.time()
     rows = []
     for row in page.threads:
@@ -526,9 +519,13 @@ def threads_list(
         rows.append(
             [row.thread_id, row.owner, row.status, _local(row.written_at), due, previews[row.thread_id]]
         )
-    for line in _table(["THREAD", "OWNER", "STATUS", "LAST WRITE", "DUE", "LAST MESSAGE"], rows):
-        click.echo(line)
-    click.echo(f"\n{len(rows)} thread(s); times in {_zone()}")
+    if rows:
+        for line in _table(["THREAD", "OWNER", "STATUS", "LAST WRITE", "DUE", "LAST MESSAGE"], rows):
+            click.echo(line)
+        click.echo(f"\n{len(rows)} thread(s); times in {_zone()}")
+    else:
+        # A page filtered by metadata may end empty after reading its bound, with a cursor.
+        click.echo("no threads on this page" if page.next_cursor else "no threads")
     if page.next_cursor is not None:
         click.echo(f"more: the same command with --cursor {page.next_cursor.encode()}")
 
