@@ -543,11 +543,15 @@ def put_writes(q: SqlDialect, step: WritesStep) -> Program[None]:
         ]
         if rows:
             requests.append(q.many(kind, common, rows))
-    if target.checkpoint_ns == "" and any(
+    marks = target.checkpoint_ns == "" and any(
         write.special and write.channel == _INTERRUPT for write in step.rows
-    ):
+    )
+    if marks:
         requests.append(Sql(q.MARK_INTERRUPT, common))
-    results = yield Batch(tuple(requests), independent=True)
+    # Not independent with the mark: it updates the thread's row that the writes' guard locks
+    # (FOR KEY SHARE), and as sibling CTEs of one Postgres statement the guard skips a row the
+    # same statement updated, so the interrupt write itself would be lost.
+    results = yield Batch(tuple(requests), independent=not marks)
     if not results[0]:
         thread = {"thread_id": target.thread_id, "owner": target.actor.user_id, "now": step.now}
         results = (yield Batch((Sql(q.INSERT_THREAD, thread), *requests)))[1:]
