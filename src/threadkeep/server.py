@@ -242,6 +242,16 @@ def create_app(
         yield
         await run_in_threadpool(service.close)
 
+    # -- the inspector page (issue 38 item 6): GET /, /inspector/*, /api/session -------------
+    from threadkeep import inspector
+
+    def identify(token: str) -> tuple[str, str] | None:
+        key = service.keys.get(token)
+        return None if key is None else (key.user, key.role)
+
+    inspector_routes = inspector.routes(identify)
+    # -- end of the inspector page ---------------------------------------------------------------
+
     return Starlette(
         lifespan=lifespan,
         routes=[
@@ -249,6 +259,7 @@ def create_app(
             Route("/metrics", metrics_route, methods=["GET"]),
             Route("/api/checkpoints/sweep", sweep, methods=["POST"]),
             Route("/api/settings", write_settings, methods=["PATCH"]),
+            *inspector_routes,
         ],
     )
 
