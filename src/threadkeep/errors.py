@@ -18,6 +18,9 @@ always with ``raise ... from exc`` so the original stays on ``__cause__``::
     ├── ToolCallError                    TOOL_001        unavailable  (a tool call failed; TM5)
     │                                    TOOL_UNKNOWN_001  started, never finished: outcome unknown
     │                                    TOOL_RESULT_001   a tool returned an error result
+    ├── ThreadNotFoundError              THREAD_NOT_FOUND_001 not_found (none the caller may see)
+    ├── AuthenticationError              AUTH_001        unauthorized (no or unknown API key)
+    ├── PermissionDeniedError            AUTH_002        forbidden    (the key's role may not)
     └── StorageError                     STORAGE_000     unavailable
         ├── StaleStateError              STORAGE_CONFLICT_001  conflict
         ├── StorageForbiddenError        STORAGE_FORBIDDEN_001 forbidden (another user's thread)
@@ -28,7 +31,7 @@ always with ``raise ... from exc`` so the original stays on ``__cause__``::
                                          STORAGE_PERMISSION_001  a privilege missing
 
 ``kind`` groups the errors the HTTP layer maps to a status once: ``conflict`` 409,
-``forbidden`` 403, ``unavailable`` 503, ``invalid`` 422.
+``forbidden`` 403, ``unavailable`` 503, ``invalid`` 422, ``not_found`` 404, ``unauthorized`` 401.
 """
 
 from __future__ import annotations
@@ -36,9 +39,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, ClassVar, Literal
 
-ErrorKind = Literal["conflict", "forbidden", "unavailable", "invalid"]
+ErrorKind = Literal["conflict", "forbidden", "unavailable", "invalid", "not_found", "unauthorized"]
 
 __all__ = [
+    "AuthenticationError",
     "CheckpointDeleteError",
     "CheckpointSerializationError",
     "CheckpointStoreFormatError",
@@ -48,10 +52,12 @@ __all__ = [
     "MissingExtraError",
     "NoResumableTurnError",
     "ParkRefusedError",
+    "PermissionDeniedError",
     "StaleStateError",
     "StorageError",
     "StorageForbiddenError",
     "StorageRefusedError",
+    "ThreadNotFoundError",
     "ThreadRetentionError",
     "ThreadkeepError",
     "ToolCallError",
@@ -208,6 +214,44 @@ class ToolCallError(ThreadkeepError):
 
     default_code = "TOOL_001"
     kind: ClassVar[ErrorKind] = "unavailable"
+
+
+class ThreadNotFoundError(ThreadkeepError):
+    """No thread (or no checkpoint of it) by that id that the caller may see: none is stored,
+    or another user owns it; the two are not told apart, so that a user learns nothing of
+    another's threads. ``context`` names the ``thread_id`` and, for a checkpoint, the
+    ``checkpoint_id``."""
+
+    default_code = "THREAD_NOT_FOUND_001"
+    kind: ClassVar[ErrorKind] = "not_found"
+
+    def __init__(self, thread_id: str, checkpoint_id: str | None = None) -> None:
+        if checkpoint_id is None:
+            what, context = f"thread {thread_id!r}", {"thread_id": thread_id}
+        else:
+            what = f"checkpoint {checkpoint_id!r} of thread {thread_id!r}"
+            context = {"thread_id": thread_id, "checkpoint_id": checkpoint_id}
+        super().__init__(
+            f"no {what} that you may see: check the id (the threads listing and the thread's "
+            "history show the ids you may open)",
+            context=context,
+        )
+
+
+class AuthenticationError(ThreadkeepError):
+    """A request to ``threadkeep serve``'s ``/api`` carried no API key, or one the server
+    does not know (``LLM_PROVIDER_CHECKPOINT_API_KEYS``)."""
+
+    default_code = "AUTH_001"
+    kind: ClassVar[ErrorKind] = "unauthorized"
+
+
+class PermissionDeniedError(ThreadkeepError):
+    """An API key's role may not do what the request asks (an admin-only route, or a user
+    key naming another user); nothing was done. ``context`` names the key's ``user``."""
+
+    default_code = "AUTH_002"
+    kind: ClassVar[ErrorKind] = "forbidden"
 
 
 class StorageError(ThreadkeepError):
