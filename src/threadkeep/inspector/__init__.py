@@ -13,6 +13,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Final
 
+from threadkeep.errors import AuthenticationError
+
 __all__ = ["ASSETS", "routes"]
 
 HERE: Final = Path(__file__).parent
@@ -64,11 +66,8 @@ def routes(identify: Callable[[str], tuple[str, str] | None]) -> list[Any]:
         token = header[7:].strip() if header.lower().startswith("bearer ") else ""
         found = identify(token) if token else None
         if found is None:
-            return JSONResponse(
-                {"error": "unauthorized", "message": "send Authorization: Bearer <an API key>"},
-                status_code=401,
-                headers={"WWW-Authenticate": "Bearer"},
-            )
+            refused = AuthenticationError("send Authorization: Bearer <an API key>")
+            return JSONResponse(refused.to_dict(), status_code=401, headers={"WWW-Authenticate": "Bearer"})
         user, role = found
         return JSONResponse({"user": user, "role": role})
 

@@ -750,14 +750,36 @@
   }
 
   // ---- retention ----------------------------------------------------------------------
+  // The retention is threadkeep.views.retention_view: status, written_at, due, the horizons
+  // in force, declared and the platform's, and spared_by (park, interrupt).
+  const SPARED = {
+    park: "a run on it is parked on a question whose deadline has not passed",
+    interrupt: "it waits on an interrupt younger than the interrupt horizon",
+  };
+  const minutes = (m) => (m === null || m === undefined ? "—" : m % 1440 === 0 ? `${m / 1440} d` : m % 60 === 0 ? `${m / 60} h` : `${m} min`);
+
   async function retentionTab(id, body, head, current) {
     const r = await api("GET", threadPath(id, "/retention"));
     if (!current()) return;
     head.appendChild(badge(r.status));
-    const spared = r.spared_because || r.spared || r.why || r.reasons || [];
-    const reasons = Array.isArray(spared) ? spared : [spared];
-    const known = new Set(["thread_id", "status", "due", "parked_until", "spared_because", "spared", "why", "reasons"]);
-    const rest = Object.entries(r).filter(([k]) => !known.has(k));
+    const spared = r.spared_by || [];
+    const horizons = r.horizons || {};
+    const declared = r.declared || {};
+    const platform = r.platform || {};
+    const finish = el("button", {
+      type: "button",
+      "data-testid": "mark-finished",
+      text: "Mark finished",
+      onclick: async () => {
+        finish.disabled = true;
+        try {
+          await api("POST", threadPath(id, "/finished"));
+          if (current()) route();
+        } catch (error) {
+          body.appendChild(errorPanel(error));
+        }
+      },
+    });
     replace(
       body,
       el(
@@ -767,20 +789,53 @@
           "dl",
           { class: "kv" },
           el("dt", { text: "Status" }),
-          el("dd", {}, badge(r.status)),
+          el("dd", {}, badge(r.status), r.status === "finished" ? null : [" ", finish]),
+          el("dt", { text: "Last write" }),
+          el("dd", {}, time(r.written_at)),
           el("dt", { text: "Due (local time)" }),
-          el("dd", {}, r.due ? [time(r.due), ` (${relative(r.due)})`] : "—"),
-          el("dt", { text: "Parked until" }),
-          el("dd", {}, r.parked_until ? [time(r.parked_until), ` (${relative(r.parked_until)})`] : "no live park"),
-          el("dt", { text: "A sweep now would" }),
+          el(
+            "dd",
+            { "data-testid": "due" },
+            r.due ? [time(r.due), ` (${relative(r.due)}; ${r.status === "finished" ? "finished" : "waiting"} horizon)`] : "—"
+          ),
+          el("dt", { text: "Parks" }),
+          el("dd", { text: spared.includes("park") ? "a live park holds it past its due time" : "no live park" }),
+          el("dt", { text: "A sweep past its due time" }),
           el(
             "dd",
             { "data-testid": "spared" },
-            reasons.filter(Boolean).length
-              ? el("ul", {}, reasons.filter(Boolean).map((x) => el("li", { text: typeof x === "string" ? x : compact(x) })))
-              : "not spare it for a park or an interrupt"
-          ),
-          rest.map(([k, v]) => [el("dt", { text: k }), el("dd", { class: "mono", text: compact(v) })])
+            spared.length
+              ? el("ul", {}, spared.map((x) => el("li", { text: `spares it: ${SPARED[x] || x}` })))
+              : "deletes it (no park or interrupt spares it)"
+          )
+        )
+      ),
+      el(
+        "section",
+        { class: "panel" },
+        el("h2", { text: "Horizons" }),
+        el(
+          "table",
+          {},
+          el("thead", {}, el("tr", {}, ["", "Waiting", "Finished", "Interrupt"].map((h) => el("th", { text: h })))),
+          el(
+            "tbody",
+            {},
+            [
+              ["In force", horizons],
+              ["Declared by the owner", declared],
+              ["Platform", platform],
+            ].map(([label, h]) =>
+              el(
+                "tr",
+                {},
+                el("td", { text: label }),
+                el("td", { text: minutes(h.waiting_minutes) }),
+                el("td", { text: minutes(h.finished_minutes) }),
+                el("td", { text: "interrupt_minutes" in h ? minutes(h.interrupt_minutes) : "" })
+              )
+            )
+          )
         )
       )
     );
