@@ -10,7 +10,9 @@ and the machine, ``bench.environment``):
 - ``calls [--runs N] [--conversation-turns 10]`` (its one length);
 - ``sweep [--runs N] [--threads 100000]``;
 - ``startup [--runs N] [--conversation-turns 10]`` (its one length): opening a saver and its
-  first load, each run in new processes (``--runs`` defaults to 15 here).
+  first load, each run in new processes (``--runs`` defaults to 15 here);
+- ``threads [--runs N] [--sizes 1000,10000,100000]``: a page of the thread listing from seeded
+  stores of each size, on sqlite, postgres and redis (``--runs`` defaults to 15 here).
 
 From the results files in ``--results`` (``bench/results``), without measuring anything:
 
@@ -33,9 +35,9 @@ from typing import Any
 from bench import environment, figures, page
 from bench.stored import RESULTS, RUN
 
-MEASURING = ("conversation", "servers", "tiered", "sweep", "calls", "startup")
+MEASURING = ("conversation", "servers", "tiered", "sweep", "calls", "startup", "threads")
 # Runs per measurement when --runs is not given.
-RUNS = {"startup": 15}
+RUNS = {"startup": 15, "threads": 15}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -58,6 +60,7 @@ def main(argv: list[str] | None = None) -> int:
         "--conversation-turns", default="10,40", help="servers: lengths of the concurrent conversations"
     )
     parser.add_argument("--threads", type=int, default=100_000, help="sweep: expired threads to seed")
+    parser.add_argument("--sizes", default="1000,10000,100000", help="threads: store sizes to seed")
     parser.add_argument(
         "--freeze-gc",
         action="store_true",
@@ -99,6 +102,10 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         from bench import startup
 
         return startup.main(runs=args.runs, turns=lengths[0])
+    if args.suite == "threads":
+        from bench import threads
+
+        return threads.main(runs=args.runs, sizes=tuple(int(n) for n in args.sizes.split(",")))
     if args.suite == "calls":
         from bench import calls
 

@@ -320,6 +320,19 @@ class StorageForbiddenError(StorageError):
         return error
 
     @classmethod
+    def listing(cls, owner: str, user_id: str) -> StorageForbiddenError:
+        """The refusal of a thread listing, in ``user_id``'s scope, of another user's threads."""
+        error = cls.__new__(cls)
+        ThreadkeepError.__init__(
+            error,
+            f"user {user_id!r} may not list the threads of user {owner!r}: a user lists only their "
+            "own threads. Leave the owner filter out (or name yourself), or list as the operator "
+            "(threadkeep.operator_scope())",
+            context={"owner": owner, "user_id": user_id, "action": "list"},
+        )
+        return error
+
+    @classmethod
     def owned(cls, owners: Mapping[str, str], user: str) -> StorageForbiddenError:
         """The refusal to hand threads another user owns to ``user`` (``assign_owner``)."""
         named = ", ".join(f"{thread_id!r} (owner {owner!r})" for thread_id, owner in sorted(owners.items()))

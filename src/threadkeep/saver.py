@@ -40,6 +40,7 @@ from threadkeep.core.ledger import (
     prepare_begin,
     prepare_end,
 )
+from threadkeep.core.listing import ThreadRow, ThreadScan, page_program
 from threadkeep.core.messages import ContentCache, EncodingMemo
 from threadkeep.core.program import Engine, Program, ProgramFactory
 from threadkeep.core.records import (
@@ -60,6 +61,7 @@ from threadkeep.core.retention import (
     declare_retention,
 )
 from threadkeep.errors import InvalidInputError, StorageForbiddenError
+from threadkeep.threads import ThreadPage, ThreadQuery
 
 __all__ = ["Backend", "ProviderFacts", "ThreadkeepSaver"]
 
@@ -179,6 +181,12 @@ class Backend(Protocol):
     def live_parks(self, thread_ids: Sequence[str], now: float, owner: str | None) -> Program[set[str]]: ...
 
     def interrupted(self, thread_ids: Sequence[str], since: float | None) -> Program[set[str]]: ...
+
+    # the thread listing (SPEC SV1, SV3; core/listing.py): the threads after the scan's
+    # cursor, newest write first, at most ``scan.limit``, read from an index (never a read of
+    # every thread); a store may return threads of another status than ``scan.status`` (the
+    # listing drops them) but none of another owner than ``scan.owner``.
+    def thread_rows(self, scan: ThreadScan) -> Program[builtins.list[ThreadRow]]: ...
 
     # the tool-call ledger (SPEC TM5; core/ledger.py): kept with the thread, owned by its
     # owner. begin records a started entry unless the thread holds one for the call, and
@@ -816,6 +824,46 @@ class ThreadkeepSaver(BaseCheckpointSaver[str]):
     async def atool_calls(self, config: RunnableConfig) -> builtins.list[ToolCall]:
         """Async :meth:`tool_calls`."""
         return await self._arun(self._tool_calls(config))
+
+    # the thread listing (SPEC SV1, SV3; threadkeep.threads) -----------------------------------
+
+    def _threads(self, query: ThreadQuery) -> ProgramFactory[ThreadPage]:
+        actor = self._actor()
+        owner = query.owner
+        if actor.owner_filter is not None:
+            if owner is not None and owner != actor.owner_filter:
+                raise StorageForbiddenError.listing(owner, actor.owner_filter)
+            owner = actor.owner_filter
+        elif owner is not None:
+            owner = checked_id(owner, "owner")
+        now, platform = self.clock(), self.retention
+        return lambda: page_program(query, owner, now, platform, self.backend.thread_rows)
+
+    def threads(self, query: ThreadQuery | None = None) -> ThreadPage:
+        """One page of the store's threads, newest write first (SPEC SV1, SV3).
+
+        Read from an index on every provider, never a read of every thread: a page costs the
+        same in a store of a hundred threads or of a million (bench/threads.py). In a
+        :func:`~threadkeep.user_scope` it lists that user's threads only; in
+        :func:`~threadkeep.operator_scope` (or with isolation off) every thread, narrowed by
+        ``query.owner``. Pass the page's ``next_cursor`` in the next query for the next page:
+        pages neither repeat nor skip a thread that was not written meanwhile (a thread
+        written meanwhile moves to the front, where a new first page finds it).
+
+        A metadata filter (and, on Redis, a status filter) is applied to index rows after
+        they are read: a page reads at most :data:`threadkeep.core.listing.SCAN_BOUND` rows,
+        and may end short, even empty, with a ``next_cursor`` to go on with. ``next_cursor``
+        is ``None`` once no thread is left.
+
+        Raises:
+            StorageForbiddenError: in a user's scope, ``query.owner`` names another user.
+            ConfigurationError: a query out of range (:class:`~threadkeep.threads.ThreadQuery`).
+        """
+        return self._run(self._threads(query or ThreadQuery()))
+
+    async def athreads(self, query: ThreadQuery | None = None) -> ThreadPage:
+        """Async :meth:`threads`."""
+        return await self._arun(self._threads(query or ThreadQuery()))
 
     # the sweep's view of the store (operator calls: see threadkeep.sweep) ---------------------
 

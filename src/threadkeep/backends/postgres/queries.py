@@ -208,9 +208,21 @@ _MANY = {kind: _insert_rows(kind) for kind in _ROWS}
 
 # A locked put of the root namespace records the head it leaves: the newer of the head it
 # read (%(head_id)s) and its own checkpoint.
-SET_HEAD = (
-    "UPDATE tk_threads SET head = greatest(%(head_id)s::text, %(checkpoint_id)s::text) WHERE tid = %(tid)s"
-)
+# It also moves the thread's waiting clock (active_at, migration 12) to the put's time, and
+# forgets an interrupt of a root checkpoint older than the head it leaves.
+SET_HEAD = """
+UPDATE tk_threads SET head = greatest(%(head_id)s::text, %(checkpoint_id)s::text),
+    active_at = greatest(active_at, %(now)s),
+    interrupt_at = CASE WHEN interrupt_at >= greatest(%(head_id)s::text, %(checkpoint_id)s::text)
+                        THEN interrupt_at END
+WHERE tid = %(tid)s
+"""
+
+# A put of a subgraph's namespace moves the thread's waiting clock (migration 12) only.
+TOUCH_THREAD = """
+UPDATE tk_threads SET active_at = greatest(active_at, %(now)s)
+WHERE tid = %(tid)s AND active_at < %(now)s
+"""
 
 # A put that continues the head of its thread's root namespace, as one statement: it sets
 # the head in the thread's row (tk_threads.head, migration 5) if it is still the parent, and
@@ -224,7 +236,8 @@ SET_HEAD = (
 # one of each list's known prefix). No row back: nothing was written, and the put runs as
 # usual (a first put, a branch, a conflict, an unknown list).
 CLAIM_HEAD = """
-UPDATE tk_threads AS t SET head = %(checkpoint_id)s::text
+UPDATE tk_threads AS t SET head = %(checkpoint_id)s::text, active_at = greatest(t.active_at, %(now)s),
+    interrupt_at = CASE WHEN t.interrupt_at >= %(checkpoint_id)s::text THEN t.interrupt_at END
 WHERE t.thread_id = %(thread_id)s AND t.head = %(parent_id)s::text
   AND %(checkpoint_id)s::text > %(parent_id)s::text
   AND NOT EXISTS (
@@ -341,6 +354,17 @@ _MANY["special_write"] = (
     task_path = EXCLUDED.task_path, channel = EXCLUDED.channel,
     type = EXCLUDED.type, value = EXCLUDED.value"""
 )
+
+# A task's interrupt write on a root checkpoint names it in its thread's row (interrupt_at,
+# migration 12), unless a newer root checkpoint is stored (a late write: LangGraph's rule
+# reads the newest one only). Under the writes' owner guard. Sent only with such a write.
+MARK_INTERRUPT = """
+UPDATE tk_threads AS t SET interrupt_at = greatest(coalesce(t.interrupt_at, ''), %(checkpoint_id)s::text)
+WHERE t.thread_id = %(thread_id)s
+  AND (%(required_owner)s::text IS NULL OR t.owner = %(required_owner)s::text)
+  AND NOT EXISTS (SELECT 1 FROM tk_checkpoints AS c
+                  WHERE c.tid = t.tid AND c.checkpoint_ns = '' AND c.checkpoint_id > %(checkpoint_id)s::text)
+"""
 
 # --- reads -------------------------------------------------------------------------------
 
@@ -876,4 +900,71 @@ SELECT c.message_id, c.call_id, c.tool, c.key, c.claim, c.status, c.type, c.valu
 FROM tk_tool_calls AS c JOIN tk_threads AS t ON t.tid = c.tid
 WHERE t.thread_id = %(thread_id)s AND (%(owner)s::text IS NULL OR t.owner = %(owner)s::text)
 ORDER BY c.started_at, c.seq
+"""
+
+
+# --- the thread listing (SPEC SV1, SV3; threadkeep.core.listing) --------------------------------
+
+# Threads after the cursor (%(at)s, %(id)s) in (active_at, thread_id) descending order, from
+# the listing indexes of migration 12: one range per state (0 waiting, 1 finished, 2
+# interrupted; %(state)s NULL: each, merged), each at most %(limit)s rows, so a page reads
+# no more than three short index ranges however many threads the store holds (bench/
+# threads.py). %(unparked)s (a status filter) leaves out threads with a live park: they are
+# listed as parked. Then, for the page's rows only, an index probe each: the newest root
+# checkpoint (its id tells whether interrupt_at is current; its metadata is shown) and the
+# latest live park.
+_LISTED = """(SELECT t.tid, t.thread_id, t.owner, t.active_at, t.waiting_minutes, t.finished_due,
+        t.interrupt_at
+ FROM tk_threads AS t
+ WHERE {where}
+   AND (t.active_at, t.thread_id) < (%(at)s::double precision, %(id)s::text)
+   AND t.active_at >= %(after)s::double precision AND t.active_at < %(before)s::double precision
+   AND NOT (%(unparked)s::boolean AND EXISTS (
+       SELECT 1 FROM tk_parks AS p WHERE p.tid = t.tid AND p.deadline > %(now)s::double precision))
+ ORDER BY t.active_at DESC, t.thread_id DESC LIMIT %(limit)s)"""
+_STATE_RANGE = "t.state = {state} AND (%(state)s::smallint IS NULL OR %(state)s::smallint = {state})"
+_DETAILS = """
+SELECT l.thread_id, l.owner, l.active_at, l.waiting_minutes, l.finished_due, l.interrupt_at,
+       c.checkpoint_id, c.metadata::text, p.until
+FROM (SELECT * FROM ({listed}) AS u ORDER BY u.active_at DESC, u.thread_id DESC LIMIT %(limit)s) AS l
+LEFT JOIN LATERAL (SELECT n.checkpoint_id, n.metadata FROM tk_checkpoints AS n
+                   WHERE n.tid = l.tid AND n.checkpoint_ns = ''
+                   ORDER BY n.checkpoint_id DESC LIMIT 1) AS c ON true
+LEFT JOIN LATERAL (SELECT max(p.deadline) AS until FROM tk_parks AS p
+                   WHERE p.tid = l.tid AND p.deadline > %(now)s::double precision) AS p ON true
+ORDER BY l.active_at DESC, l.thread_id DESC
+"""
+
+
+def _by_state(owner: str) -> str:
+    return "\nUNION ALL\n".join(
+        _LISTED.format(where=owner + _STATE_RANGE.format(state=state)) for state in (0, 1, 2)
+    )
+
+
+THREADS_PAGE = _DETAILS.format(listed=_by_state(""))
+THREADS_PAGE_OF_OWNER = _DETAILS.format(listed=_by_state("t.owner = %(owner)s::text AND "))
+# The parked threads: found from the live parks (few; tk_parks_deadline), %(owner)s NULL: any.
+THREADS_PARKED = _DETAILS.format(
+    listed=_LISTED.format(
+        where="t.tid IN (SELECT p.tid FROM tk_parks AS p WHERE p.deadline > %(now)s::double precision)"
+        " AND (%(owner)s::text IS NULL OR t.owner = %(owner)s::text)"
+    )
+)
+
+# After a delete by run or a copy: each thread's waiting clock is at least its newest
+# checkpoint's time, and interrupt_at names its newest root checkpoint if that holds an
+# interrupt write (the statements that moved them did not keep them).
+REFRESH_THREADS = f"""
+UPDATE tk_threads AS t SET
+    active_at = greatest(t.active_at, coalesce(
+        (SELECT max(c.created_at) FROM tk_checkpoints AS c WHERE c.tid = t.tid), t.active_at)),
+    interrupt_at = (
+        SELECT n.checkpoint_id FROM (SELECT c.checkpoint_id FROM tk_checkpoints AS c
+                                     WHERE c.tid = t.tid AND c.checkpoint_ns = ''
+                                     ORDER BY c.checkpoint_id DESC LIMIT 1) AS n
+        WHERE EXISTS (SELECT 1 FROM tk_writes AS w
+                      WHERE w.tid = t.tid AND w.checkpoint_ns = '' AND w.checkpoint_id = n.checkpoint_id
+                        AND w.channel = '__interrupt__'))
+WHERE t.tid IN {_TIDS}
 """

@@ -20,6 +20,7 @@ from threadkeep.backends.redis.engine import RedisEngine, is_connection_error, r
 from threadkeep.backends.redis.keys import KeySpace
 from threadkeep.core.identity import Actor
 from threadkeep.core.ledger import CallBegin, CallEnd, StoredCall
+from threadkeep.core.listing import ThreadRow, ThreadScan
 from threadkeep.core.messages import ContentCache, EncodingMemo
 from threadkeep.core.program import Program
 from threadkeep.core.records import ListQuery, PutStep, Target, WritesStep
@@ -155,6 +156,9 @@ class RedisBackend:
 
     def interrupted(self, thread_ids: Sequence[str], since: float | None) -> Program[set[str]]:
         return self._programs.interrupted(self.space, thread_ids, since)
+
+    def thread_rows(self, scan: ThreadScan) -> Program[list[ThreadRow]]:
+        return self._programs.thread_rows(self.space, scan)
 
     # the tool-call ledger (SPEC TM5) -------------------------------------------------------------
 

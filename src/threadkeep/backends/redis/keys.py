@@ -63,6 +63,20 @@ class KeySpace:
         return (self.format_key, self.finished_key)
 
     @property
+    def listing_key(self) -> str:
+        """The listing's index of every thread: a ZSET of thread ids scored by their last
+        write (SPEC SV1). Its hash tag, ``{listing}``, puts it and every owner's index
+        (:meth:`owner_listing_key`) in one Redis Cluster slot, so one script keeps them
+        together; a thread's own keys are in its own slot, so the index is written by a
+        second call after the thread's script (see lua/listing.lua)."""
+        return f"{self.prefix}:{{listing}}:all"
+
+    def owner_listing_key(self, owner: str) -> str:
+        """One owner's listing index (see :attr:`listing_key`); the owner by a digest, so any
+        id is safe in a key."""
+        return f"{self.prefix}:{{listing}}:owner:{self.tag(owner)}"
+
+    @property
     def format_key(self) -> str:
         """The key that records the store's format generation (SPEC P6)."""
         return f"{self.prefix}:format"

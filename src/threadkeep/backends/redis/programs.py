@@ -8,7 +8,7 @@ put needs (:func:`~threadkeep.core.rules.required_head`, W2).
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, Final
 
 import orjson
 from langchain_core.runnables import RunnableConfig
@@ -19,6 +19,7 @@ from threadkeep.backends.redis.engine import Command, Scan, Script
 from threadkeep.backends.redis.keys import KeySpace
 from threadkeep.backends.sql.programs import FORMAT_GENERATION, READABLE_GENERATIONS
 from threadkeep.core.identity import ANONYMOUS, Actor
+from threadkeep.core.listing import ThreadRow, ThreadScan
 from threadkeep.core.messages import ContentCache, EncodingMemo, chain_tail, split_digests
 from threadkeep.core.program import Program
 from threadkeep.core.records import (
@@ -70,6 +71,7 @@ __all__ = [
     "step_rows",
     "stored_prefix",
     "thread_retention",
+    "thread_rows",
     "threads_named",
 ]
 
@@ -191,6 +193,7 @@ def put(space: KeySpace, step: PutStep, ttl_ms: int) -> Program[RunnableConfig]:
         reply = yield Script("put", keys, _put_args(step, ttl_ms, known))
         status = reply[0]
         if status == b"ok":
+            yield _listed(space, target.thread_id, reply[1].decode(), step.now)
             return step.result_config()
         if status == b"forbidden":
             raise StorageForbiddenError(target.thread_id, target.actor.user_id)
@@ -496,6 +499,7 @@ def delete_thread(space: KeySpace, thread_id: str, owner: str | None) -> Program
         return False
     yield Command(("ZREM", space.finished_key, thread_id))  # its finished mark (SW5); an
     # operator's delete also drops a mark whose keys expired
+    yield _unlisted(space, thread_id, owner)
     return bool(deleted)
 
 
@@ -596,6 +600,9 @@ def copy_thread(
     reply = yield Script("merge", space.thread(target), args)
     if reply[0] == b"forbidden":
         raise StorageForbiddenError(target, actor.user_id, action="copy onto")
+    owner = yield Command(("HGET", space.thread(target)[0], "owner"))
+    if owner is not None:
+        yield _listed(space, target, owner.decode(), now)
     return True
 
 
@@ -623,6 +630,11 @@ def assign_owner(
         if reply[0] == b"refused":
             check_handover({thread_id: reply[1].decode()}, user, force)
         before[thread_id] = reply[1].decode() if reply[0] == b"ok" else None
+        written = yield Command(("ZSCORE", space.listing_key, thread_id))
+        if before[thread_id] not in (None, user) and written is not None:
+            # the new owner's index lists it; the old owner's entry is dropped where a
+            # listing meets it (thread_rows checks every row's owner)
+            yield _listed(space, thread_id, user, float(written))
     return before
 
 
@@ -723,6 +735,7 @@ def start_thread(
     if reply[0] == b"forbidden":
         raise StorageForbiddenError(thread_id, actor.user_id)
     yield Command(("ZREM", space.finished_key, thread_id))
+    yield _listed(space, thread_id, reply[1].decode(), now)
 
 
 def thread_retention(
@@ -801,6 +814,7 @@ def delete_threads(
         if (yield Script("delete", space.thread(thread.thread_id), ["", now])) == -1:
             continue  # a run started or parked on it since
         yield Command(("ZREM", space.finished_key, thread.thread_id))
+        yield _unlisted(space, thread.thread_id, thread.owner or None)
         deleted.append(thread.thread_id)
     return deleted
 
@@ -880,3 +894,68 @@ def interrupted(space: KeySpace, thread_ids: Sequence[str], since: float | None)
         if any(value is not None and value.split(NUL, 2)[1] == b"__interrupt__" for value in values):
             waiting.add(thread_id)
     return waiting
+
+
+# --- the thread listing (SPEC SV1, SV3; lua/listing.lua) ----------------------------------------
+#
+# The index is a ZSET of every thread and one per owner, scored by the last write, in the one
+# Cluster slot of the "{listing}" hash tag (KeySpace.listing_key). A thread's keys are in its
+# own slot, so no script can write both: the index is written by a second call after each
+# write that moves a thread's clock (put, a run's start, a copy), and an entry may outlive
+# its thread (keys expire on their TTL, SPEC R2; a process may stop between the two calls).
+# A listing reads each row's thread (summary.lua) and drops, from the index too, the entries
+# whose thread is gone or has another owner.
+
+# A ZSET bound for an unbounded side (Lua's tonumber does not read "inf" everywhere).
+_FAR: Final = 1e300
+
+
+def _listed(space: KeySpace, thread_id: str, owner: str, written_at: float) -> Script:
+    keys = (space.listing_key, space.owner_listing_key(owner))
+    return Script("listing", keys, ["add", thread_id, repr(float(written_at))])
+
+
+def _unlisted(space: KeySpace, thread_id: str, owner: str | None) -> Script:
+    owned = space.owner_listing_key(owner) if owner else space.listing_key
+    return Script("listing", (space.listing_key, owned), ["remove", thread_id])
+
+
+def _bound(value: float) -> str:
+    return repr(max(-_FAR, min(_FAR, value)))
+
+
+def thread_rows(space: KeySpace, scan: ThreadScan) -> Program[list[ThreadRow]]:
+    """The threads after the scan's cursor, newest write first: a page of the owner's (or
+    every thread's) index, then one script per row for what the listing shows. The status
+    is not indexed on Redis: rows of every status come back, and the listing filters them."""
+    index = space.listing_key if scan.owner is None else space.owner_listing_key(scan.owner)
+    rows: list[ThreadRow] = []
+    at, after_id = scan.at, scan.after_id
+    while len(rows) < scan.limit:
+        wanted = scan.limit - len(rows)
+        args = ["page", _bound(at), after_id, _bound(scan.written_after), _bound(scan.written_before), wanted]
+        reply = yield Script("listing", (index, index), args)
+        entries = [(reply[i].decode(), float(reply[i + 1])) for i in range(0, len(reply), 2)]
+        for thread_id, written_at in entries:
+            at, after_id = written_at, thread_id
+            found = yield Script("summary", space.thread(thread_id), [scan.now])
+            if not found or (scan.owner is not None and found[0].decode() != scan.owner):
+                yield _unlisted(space, thread_id, scan.owner)  # gone, or handed to another owner
+                continue
+            owner, due, waiting_ms, until, interrupted, record, ttl = found
+            rows.append(
+                ThreadRow(
+                    thread_id=thread_id,
+                    owner=owner.decode(),
+                    written_at=written_at,
+                    waiting_minutes=int(waiting_ms) // 60_000 if waiting_ms else None,
+                    finished_due=float(due) if due else None,
+                    interrupted=interrupted == b"1",
+                    parked_until=float(until) if until else None,
+                    metadata=orjson.loads(record)["m"] if record else None,
+                    expires_at=scan.now + int(ttl) / 1000 if int(ttl) >= 0 else None,
+                )
+            )
+        if len(entries) < wanted:
+            break
+    return rows

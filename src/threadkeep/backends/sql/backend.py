@@ -17,6 +17,7 @@ from threadkeep.backends.sql import ledger, programs
 from threadkeep.backends.sql.programs import SqlDialect
 from threadkeep.core.identity import Actor
 from threadkeep.core.ledger import CallBegin, CallEnd, StoredCall
+from threadkeep.core.listing import ThreadRow, ThreadScan
 from threadkeep.core.messages import ContentCache, EncodingMemo
 from threadkeep.core.program import Engine, Program
 from threadkeep.core.records import ListQuery, PutStep, StoredCheckpoint, Target, WritesStep
@@ -213,6 +214,9 @@ class SqlBackend:
 
     def interrupted(self, thread_ids: Sequence[str], since: float | None) -> Program[set[str]]:
         return programs.interrupted(self.dialect, thread_ids, since)
+
+    def thread_rows(self, scan: ThreadScan) -> Program[list[ThreadRow]]:
+        return programs.thread_rows(self.dialect, scan)
 
     # the tool-call ledger (SPEC TM5) -------------------------------------------------------------
 

@@ -19,6 +19,7 @@ from langgraph.checkpoint.serde.base import SerializerProtocol
 
 from threadkeep.backends.sql.ledger import LedgerDialect
 from threadkeep.core.identity import Actor
+from threadkeep.core.listing import ThreadRow, ThreadScan
 from threadkeep.core.messages import CHAIN_TYPE, ContentCache, EncodingMemo, MessageChain, chain_tail
 from threadkeep.core.program import Batch, Program, Sql, SqlMany
 from threadkeep.core.records import (
@@ -65,6 +66,7 @@ __all__ = [
     "start_thread",
     "stats",
     "thread_retention",
+    "thread_rows",
     "threads_named",
 ]
 
@@ -82,6 +84,8 @@ _FORMAT_KEY = "format_generation"
 # rather than once in ``tk_blobs``: a row of its own and an index entry cost more than
 # copying it, and a read takes it with the checkpoint. Larger values are stored once.
 INLINE_VALUE_BYTES: Final = 512
+# The channel of LangGraph's interrupt writes (as INTERRUPTED reads it in each dialect).
+_INTERRUPT: Final = "__interrupt__"
 _TEXT_ENTRY: Final = re.compile(r"([^:=]*)=(.*)", re.DOTALL)
 
 
@@ -151,6 +155,12 @@ class SqlDialect(LedgerDialect, Protocol):
     CLEAR_PARK: str
     LIVE_PARKS: str
     INTERRUPTED: str
+    TOUCH_THREAD: str
+    MARK_INTERRUPT: str
+    REFRESH_THREADS: str
+    THREADS_PAGE: str
+    THREADS_PAGE_OF_OWNER: str
+    THREADS_PARKED: str
 
     # What only some dialects have (read-only, so a dialect may set them to None).
     @property
@@ -244,8 +254,13 @@ def put(q: SqlDialect, step: PutStep) -> Program[RunnableConfig]:
     vals, blobs, carried = _layout(step, unchanged, results[2])
     for chain in carried:  # a list no stored checkpoint held: its rows, whatever is stored
         rows.extend(_chain_rows(q, int(tid), chain, 0))
+    # The thread's row: its root head where the dialect keeps one, its waiting clock, its
+    # interrupt (the listing's index, migration postgres 12 / sqlite 6); no round trip of its own.
+    clock = {"tid": tid, "now": step.now, "checkpoint_ns": ns, "checkpoint_id": step.checkpoint_id}
     if q.SET_HEAD is not None and ns == "":
-        rows.append(Sql(q.SET_HEAD, {"tid": tid, "head_id": head_id, "checkpoint_id": step.checkpoint_id}))
+        rows.append(Sql(q.SET_HEAD, {**clock, "head_id": head_id}))
+    else:
+        rows.append(Sql(q.TOUCH_THREAD, clock))
     if blobs:
         rows.append(q.many("blob", {"tid": tid, "checkpoint_ns": ns}, _blob_rows(blobs)))
     rows.append(
@@ -528,6 +543,10 @@ def put_writes(q: SqlDialect, step: WritesStep) -> Program[None]:
         ]
         if rows:
             requests.append(q.many(kind, common, rows))
+    if target.checkpoint_ns == "" and any(
+        write.special and write.channel == _INTERRUPT for write in step.rows
+    ):
+        requests.append(Sql(q.MARK_INTERRUPT, common))
     results = yield Batch(tuple(requests), independent=True)
     if not results[0]:
         thread = {"thread_id": target.thread_id, "owner": target.actor.user_id, "now": step.now}
@@ -920,8 +939,11 @@ def delete_for_runs(
         statements += [Sql(q.DELETE_CHECKPOINT, params), Sql(q.DELETE_CHECKPOINT_WRITES, params)]
         touched.add((int(tid), ns))
     statements += [Sql(q.COLLECT_BLOBS, {"tid": tid, "checkpoint_ns": ns}) for tid, ns in sorted(touched)]
-    if q.CLEAR_HEADS is not None and rows:
-        statements.append(Sql(q.CLEAR_HEADS, {"tids": q.text_list([str(tid) for tid, _ in sorted(touched)])}))
+    if rows:
+        tids = {"tids": q.text_list(sorted({str(tid) for tid, _ in touched}))}
+        if q.CLEAR_HEADS is not None:
+            statements.append(Sql(q.CLEAR_HEADS, tids))
+        statements.append(Sql(q.REFRESH_THREADS, tids))
     if statements:
         yield Batch(tuple(statements))
     return len(rows)
@@ -999,6 +1021,7 @@ def copy_thread(q: SqlDialect, source: str, target: str, actor: Actor, now: floa
     copies = [Sql(statement, params) for statement in q.COPY_THREAD]
     if q.CLEAR_HEADS is not None:
         copies.append(Sql(q.CLEAR_HEADS, {"tids": q.text_list([str(target_tid)])}))
+    copies.append(Sql(q.REFRESH_THREADS, {"tids": q.text_list([str(target_tid)])}))
     yield Batch((lock, *copies))
     return True
 
@@ -1269,3 +1292,32 @@ def interrupted(q: SqlDialect, thread_ids: Sequence[str], since: float | None) -
     checkpoint holds an interrupt write), since ``since`` or later (``None``: any time)."""
     rows = yield Sql(q.INTERRUPTED, {"thread_ids": q.text_list(list(thread_ids)), "since": since})
     return {row[0] for row in rows}
+
+
+# --- the thread listing (SPEC SV1, SV3) ---------------------------------------------------------
+
+
+def thread_rows(q: SqlDialect, scan: ThreadScan) -> Program[list[ThreadRow]]:
+    """The threads after the scan's cursor, newest write first, read from the listing
+    indexes (one statement: see THREADS_PAGE)."""
+    if scan.status == "parked":
+        statement = q.THREADS_PARKED
+    elif scan.owner is None:
+        statement = q.THREADS_PAGE
+    else:
+        statement = q.THREADS_PAGE_OF_OWNER
+    rows = yield Sql(statement, scan.params())
+    return [
+        ThreadRow(
+            thread_id=str(thread_id),
+            owner=str(owner),
+            written_at=float(written_at),
+            waiting_minutes=None if waiting is None else int(waiting),
+            finished_due=None if due is None else float(due),
+            # interrupt_at is current only while it names the newest root checkpoint
+            interrupted=interrupt_at is not None and interrupt_at == newest,
+            parked_until=None if until is None else float(until),
+            metadata=metadata,
+        )
+        for thread_id, owner, written_at, waiting, due, interrupt_at, newest, metadata, until in rows
+    ]

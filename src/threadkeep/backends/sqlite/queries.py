@@ -130,6 +130,14 @@ SET_HEAD = None
 CLEAR_HEADS = None
 claimed_put = None
 
+# A put moves its thread's waiting clock (active_at, migration 6) to its time, and a root
+# put forgets an interrupt of an older root checkpoint (interrupt_at).
+TOUCH_THREAD = """
+UPDATE tk_threads SET active_at = max(active_at, :now),
+    interrupt_at = CASE WHEN :checkpoint_ns <> '' OR interrupt_at >= :checkpoint_id THEN interrupt_at END
+WHERE tid = :tid
+"""
+
 # --- put_writes --------------------------------------------------------------------------
 
 THREAD_OWNER = "SELECT owner FROM tk_threads WHERE thread_id = :thread_id"
@@ -182,6 +190,16 @@ UPSERT_WRITE = (
     task_path = excluded.task_path, channel = excluded.channel,
     type = excluded.type, value = excluded.value"""
 )
+
+# A task's interrupt write on a root checkpoint names it in its thread's row (interrupt_at,
+# migration 6), unless a newer root checkpoint is stored. Sent only with such a write.
+MARK_INTERRUPT = """
+UPDATE tk_threads AS t SET interrupt_at = max(coalesce(t.interrupt_at, ''), :checkpoint_id)
+WHERE t.thread_id = :thread_id
+  AND (:required_owner IS NULL OR t.owner = :required_owner)
+  AND NOT EXISTS (SELECT 1 FROM tk_checkpoints AS c
+                  WHERE c.tid = t.tid AND c.checkpoint_ns = '' AND c.checkpoint_id > :checkpoint_id)
+"""
 
 # --- reads -------------------------------------------------------------------------------
 
@@ -573,4 +591,59 @@ SELECT c.message_id, c.call_id, c.tool, c.key, c.claim, c.status, c.type, c.valu
 FROM tk_tool_calls AS c JOIN tk_threads AS t ON t.tid = c.tid
 WHERE t.thread_id = :thread_id AND (:owner IS NULL OR t.owner = :owner)
 ORDER BY c.started_at, c.rowid
+"""
+
+
+# --- the thread listing (SPEC SV1, SV3; see the postgres twin) ----------------------------------
+
+_LISTED = """SELECT * FROM (SELECT t.tid, t.thread_id, t.owner, t.active_at, t.waiting_minutes,
+        t.finished_due, t.interrupt_at
+ FROM tk_threads AS t
+ WHERE {where}
+   AND (t.active_at, t.thread_id) < (:at, :id)
+   AND t.active_at >= :after AND t.active_at < :before
+   AND NOT (:unparked AND EXISTS (
+       SELECT 1 FROM tk_parks AS p WHERE p.tid = t.tid AND p.deadline > :now))
+ ORDER BY t.active_at DESC, t.thread_id DESC LIMIT :limit)"""
+_STATE_RANGE = "t.state = {state} AND (:state IS NULL OR :state = {state})"
+_DETAILS = """
+SELECT l.thread_id, l.owner, l.active_at, l.waiting_minutes, l.finished_due, l.interrupt_at,
+       c.checkpoint_id, c.metadata,
+       (SELECT max(p.deadline) FROM tk_parks AS p WHERE p.tid = l.tid AND p.deadline > :now)
+FROM (SELECT * FROM ({listed}) ORDER BY active_at DESC, thread_id DESC LIMIT :limit) AS l
+LEFT JOIN tk_checkpoints AS c ON c.tid = l.tid AND c.checkpoint_ns = ''
+  AND c.checkpoint_id = (SELECT max(n.checkpoint_id) FROM tk_checkpoints AS n
+                         WHERE n.tid = l.tid AND n.checkpoint_ns = '')
+ORDER BY l.active_at DESC, l.thread_id DESC
+"""
+
+
+def _by_state(owner: str) -> str:
+    return "\nUNION ALL\n".join(
+        _LISTED.format(where=owner + _STATE_RANGE.format(state=state)) for state in (0, 1, 2)
+    )
+
+
+THREADS_PAGE = _DETAILS.format(listed=_by_state(""))
+THREADS_PAGE_OF_OWNER = _DETAILS.format(listed=_by_state("t.owner = :owner AND "))
+THREADS_PARKED = _DETAILS.format(
+    listed=_LISTED.format(
+        where="t.tid IN (SELECT p.tid FROM tk_parks AS p WHERE p.deadline > :now)"
+        " AND (:owner IS NULL OR t.owner = :owner)"
+    )
+)
+
+REFRESH_THREADS = f"""
+UPDATE tk_threads SET
+    active_at = max(active_at, coalesce(
+        (SELECT max(c.created_at) FROM tk_checkpoints AS c WHERE c.tid = tk_threads.tid), 0)),
+    interrupt_at = (
+        SELECT c.checkpoint_id FROM tk_checkpoints AS c
+        WHERE c.tid = tk_threads.tid AND c.checkpoint_ns = ''
+          AND c.checkpoint_id = (SELECT max(n.checkpoint_id) FROM tk_checkpoints AS n
+                                 WHERE n.tid = tk_threads.tid AND n.checkpoint_ns = '')
+          AND EXISTS (SELECT 1 FROM tk_writes AS w
+                      WHERE w.tid = c.tid AND w.checkpoint_ns = '' AND w.checkpoint_id = c.checkpoint_id
+                        AND w.channel = '__interrupt__'))
+WHERE tid IN {_TIDS}
 """

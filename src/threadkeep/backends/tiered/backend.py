@@ -46,6 +46,7 @@ from threadkeep.backends.tiered.cache import Loaded, StateCache
 from threadkeep.backends.tiered.engine import UNAVAILABLE, Cached, Durable, TieredEngine
 from threadkeep.core.identity import Actor
 from threadkeep.core.ledger import CallBegin, CallEnd, StoredCall
+from threadkeep.core.listing import ThreadRow, ThreadScan
 from threadkeep.core.messages import ContentCache, EncodingMemo
 from threadkeep.core.program import Program, Sql
 from threadkeep.core.records import ListQuery, PutStep, StoredCheckpoint, Target, WritesStep
@@ -389,6 +390,11 @@ class TieredBackend:
     def interrupted(self, thread_ids: Sequence[str], since: float | None) -> Program[set[str]]:
         waiting = yield Durable(lambda: self.durable.interrupted(thread_ids, since))
         return waiting  # type: ignore[no-any-return]
+
+    def thread_rows(self, scan: ThreadScan) -> Program[list[ThreadRow]]:
+        # The listing reads Postgres, the source of truth; the cache holds no index of threads.
+        rows = yield Durable(lambda: self.durable.thread_rows(scan))
+        return rows  # type: ignore[no-any-return]
 
     # the store ---------------------------------------------------------------------------------
 

@@ -12,7 +12,8 @@
 -- then l, then l pairs: link node, "<digest><prev>"          (stored if absent)
 -- then k "<channel>\0<version>" of the values the checkpoint keeps from its parent (not
 -- sent), and k itself, the last argument
--- Returns {"ok"}, {"forbidden", owner}, {"stale", head or ""}, {"resend", index of the
+-- Returns {"ok", owner} (the thread's owner: the listing's index is kept by owner),
+-- {"forbidden", owner}, {"stale", head or ""}, {"resend", index of the
 -- list whose prefix is missing: the caller probes the links and sends the whole rest}, or
 -- {"whole"}: a value the checkpoint keeps from its parent is not stored: the caller sends
 -- every value.
@@ -45,11 +46,11 @@ for i = #ARGV - kept, #ARGV - 1 do
         return {"whole"}
     end
 end
-own(ARGV[1], ARGV[2], ARGV[4])
+owner = own(ARGV[1], ARGV[2], ARGV[4])
 store_step(11, ns, checkpoint_id, ARGV[9])
 local limit = tonumber(ARGV[10])
 if limit > 0 then
     keep_newest(ns, limit)
 end
 touch(ARGV[5])
-return {"ok"}
+return {"ok", owner}

@@ -5,7 +5,7 @@
 -- ARGV[1] thread id   ARGV[2] writer   ARGV[3] now (s)   ARGV[4] required owner ("" any)
 -- ARGV[5] declared waiting (ms, "" none)   ARGV[6] declared finished (minutes, "" none)
 -- ARGV[7] the platform's waiting retention (ms)
--- Returns {"ok"} or {"forbidden", owner}; errors (storing nothing) if Redis evicted part
+-- Returns {"ok", owner} or {"forbidden", owner}; errors (storing nothing) if Redis evicted part
 -- of the thread (refuse_lost_thread, _prelude.lua).
 refuse_lost_thread(ARGV[1])
 local owner = own(ARGV[1], ARGV[2], ARGV[3])
@@ -30,4 +30,4 @@ if declared then
     ttl = declared -- may be longer than what the keys had: the thread's new declaration
 end
 expire_all(ttl)
-return {"ok"}
+return {"ok", owner}

@@ -1,0 +1,50 @@
+-- listing.lua: the thread listing's index (SPEC SV1, SV3): ZSETs of thread ids scored by
+-- their last write (s), one of every thread and one per owner, all under the one hash tag
+-- "{listing}" (see keys.py: a Redis Cluster serves them from one slot, as it does the
+-- finished set; a thread's own keys live in its own slot, so the index is written by this
+-- script right after the script that writes the thread, not inside it).
+-- KEYS[1] every thread's index   KEYS[2] an owner's index (for "add", "remove"; "page": unused)
+-- ARGV[1] "add": ARGV[2] thread id, ARGV[3] write time (s); later writes only move it forward
+--         (a put and a run's start racing leave the later time)
+-- ARGV[1] "remove": ARGV[2] thread id (from both indexes)
+-- ARGV[1] "page": KEYS[1] the index to read; ARGV[2] the cursor's time ("inf": none),
+--         ARGV[3] the cursor's thread id, ARGV[4] written at or after (s, "-inf"),
+--         ARGV[5] written before (s, "inf"), ARGV[6] how many
+-- Returns: "add", "remove": 1; "page": thread id, score, ... newest first, ties by id
+-- descending (ZREVRANGEBYSCORE's own order), only after the cursor.
+local op = ARGV[1]
+if op == "add" then
+    for i = 1, 2 do
+        local held = tonumber(redis.call("ZSCORE", KEYS[i], ARGV[2]))
+        if not held or held < tonumber(ARGV[3]) then
+            redis.call("ZADD", KEYS[i], ARGV[3], ARGV[2])
+        end
+    end
+    return 1
+end
+if op == "remove" then
+    redis.call("ZREM", KEYS[1], ARGV[2])
+    redis.call("ZREM", KEYS[2], ARGV[2])
+    return 1
+end
+local at, after_id, low, before, limit = ARGV[2], ARGV[3], ARGV[4], ARGV[5], tonumber(ARGV[6])
+local out = {}
+local high = "(" .. before
+if tonumber(at) < tonumber(before) then
+    -- the rows of the cursor's own time that sort after it, then the older ones
+    local ties = redis.call("ZREVRANGEBYSCORE", KEYS[1], at, at)
+    for _, member in ipairs(ties) do
+        if member < after_id and #out < 2 * limit and tonumber(at) >= tonumber(low) then
+            out[#out + 1] = member
+            out[#out + 1] = at
+        end
+    end
+    high = "(" .. at
+end
+if #out < 2 * limit then
+    local rest = redis.call("ZREVRANGEBYSCORE", KEYS[1], high, low, "WITHSCORES", "LIMIT", 0, limit - #out / 2)
+    for _, value in ipairs(rest) do
+        out[#out + 1] = value
+    end
+end
+return out
