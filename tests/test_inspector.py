@@ -275,6 +275,20 @@ def test_a_thousand_checkpoints_load_a_page_at_a_time_as_the_timeline_scrolls(
     assert len([url for url in page.requested if "/history" in url]) < 20  # not the whole history
 
 
+def test_the_retention_panel_shows_the_status_the_due_time_and_marks_a_thread_finished(page: Any) -> None:
+    sign_in(page, ALICE, "/#/thread/alice-lunch/retention")
+    panel = page.get_by_test_id("retention")
+    panel.wait_for()
+    assert "waiting" in panel.text_content()
+    assert "waiting horizon" in page.get_by_test_id("due").text_content()
+    assert page.get_by_test_id("spared").text_content() == "deletes it (no park or interrupt spares it)"
+    page.get_by_test_id("mark-finished").click()
+    page.get_by_test_id("due").get_by_text("finished horizon").wait_for()
+    assert page.get_by_test_id("mark-finished").count() == 0
+    page.goto("/#/?status=finished")
+    assert listed(page) == ["alice-lunch", "alice-trip"]
+
+
 def test_another_users_thread_is_not_reachable(page: Any) -> None:
     sign_in(page, ALICE)
     assert "bob-secret" not in listed(page)

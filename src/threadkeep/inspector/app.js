@@ -7,6 +7,7 @@
   const KEY = "threadkeep.inspector.key";
   const PAGE = 50; // threads per listing page
   const HISTORY_PAGE = 50; // checkpoints per history page
+  const READ_AHEAD = 20; // listing pages read for one click at most, while too few rows match
   const STATUSES = ["waiting", "finished", "parked", "interrupted"];
   const app = document.getElementById("app");
   const who = document.getElementById("who");
@@ -344,8 +345,11 @@
       moreButton.disabled = true;
       let found = 0;
       try {
-        // With a text search, keep reading pages until a page's worth matched (or the end).
+        // Read on while a page comes back with no row (a store may end a filtered page short)
+        // or, with a text search, until a page's worth matched; at most READ_AHEAD pages a click.
+        let pages = 0;
         do {
+          pages += 1;
           const page = await api("GET", "/api/threads", {
             status,
             user,
@@ -363,7 +367,7 @@
           }
           body.appendChild(fragment);
           cursor = page.next_cursor || null;
-        } while (text && cursor && found < PAGE);
+        } while (cursor && pages < READ_AHEAD && (text ? found < PAGE : found === 0));
       } catch (error) {
         if (!current()) return;
         cursor = null;
@@ -382,6 +386,14 @@
     return load();
   }
 
+  // LangGraph's own checkpoint metadata: left out of the listing's preview (its tooltip and
+  // the search still hold it).
+  const LANGGRAPH_METADATA = new Set(["source", "step", "parents", "writes"]);
+  function ownMetadata(metadata) {
+    if (!metadata || typeof metadata !== "object") return metadata;
+    return Object.fromEntries(Object.entries(metadata).filter(([k]) => !LANGGRAPH_METADATA.has(k)));
+  }
+
   function threadRow(row) {
     return el(
       "tr",
@@ -391,7 +403,7 @@
       el("td", {}, badge(row.status)),
       el("td", {}, time(row.written_at)),
       el("td", {}, row.due ? time(row.due) : "—"),
-      el("td", { class: "meta", title: compact(row.metadata), text: compact(row.metadata) })
+      el("td", { class: "meta", title: compact(row.metadata), text: compact(ownMetadata(row.metadata)) })
     );
   }
 
