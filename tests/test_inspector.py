@@ -175,6 +175,36 @@ def listed(page: Any) -> list[str]:
 # --- the tests ---------------------------------------------------------------------------------
 
 
+def test_the_page_and_its_files_need_no_key_and_the_session_names_the_keys_user_and_role() -> None:
+    from starlette.testclient import TestClient
+
+    with TestClient(create_app(Settings(provider="memory", api_keys=KEYS), metrics=Metrics())) as http:
+        page = http.get("/")
+        assert page.status_code == 200
+        assert page.headers["content-type"].startswith("text/html")
+        assert "default-src 'none'" in page.headers["content-security-policy"]
+        assert '<script src="/inspector/app.js"' in page.text
+        for name, kind in (("app.js", "text/javascript"), ("app.css", "text/css")):
+            served = http.get(f"/inspector/{name}")
+            assert served.status_code == 200
+            assert served.headers["content-type"].startswith(kind)
+        assert http.get("/inspector/__init__.py").status_code == 404  # only the page's files
+        assert "innerHTML" not in http.get("/inspector/app.js").text  # data reaches the page as text
+        assert http.get("/inspector/session").status_code == 401
+        wrong = http.get("/inspector/session", headers={"Authorization": "Bearer nope"})
+        assert wrong.status_code == 401
+        assert wrong.json()["code"] == "AUTH_001"
+        for key, expected in (
+            (ALICE, {"user": "alice", "role": "user"}),
+            (ADMIN, {"user": "ops", "role": "admin"}),
+        ):
+            assert (
+                http.get("/inspector/session", headers={"Authorization": f"Bearer {key}"}).json() == expected
+            )
+        schema = http.get("/openapi.json").json()
+        assert not [path for path in schema["paths"] if path == "/" or path.startswith("/inspector")]
+
+
 def test_page_loads_lists_a_users_threads_and_loads_nothing_from_elsewhere(page: Any, served: Served) -> None:
     sign_in(page, ALICE)
     assert page.get_by_test_id("whoami").text_content() == "alice (user)"

@@ -700,7 +700,7 @@ def create_app(
         )
         for endpoint in API
     ]
-    # -- the inspector page (issue 38 item 6): GET /, /inspector/*, /api/session -------------
+    # -- the inspector page (issue 38 item 6): GET /, /inspector/* (not in the schema) ---------
     from threadkeep import inspector
 
     def identify(token: str) -> tuple[str, str] | None:

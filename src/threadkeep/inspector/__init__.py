@@ -3,8 +3,9 @@
 A single page in plain JavaScript (``index.html``, ``app.js``, ``app.css`` next to this file,
 shipped in the wheel) that reads the JSON routes of ``threadkeep serve`` with the API key a
 person types in; it loads nothing from the network. The page itself needs no key (it holds
-no data); ``GET /api/session`` tells the page whose key it holds (user and role), so that it
-offers the admin's sweep only to admins. Everything else it shows comes from ``/api/*``.
+no data); ``GET /inspector/session`` tells the page whose key it holds (user and role), so
+that it offers the admin's sweep only to admins. Everything it shows comes from ``/api/*``.
+These routes are the page's, not the API's: the OpenAPI schema leaves them out.
 """
 
 from __future__ import annotations
@@ -71,8 +72,9 @@ def routes(identify: Callable[[str], tuple[str, str] | None]) -> list[Any]:
         user, role = found
         return JSONResponse({"user": user, "role": role})
 
+    # The page's own routes, not the API's: left out of the OpenAPI schema.
     return [
-        Route("/", index, methods=["GET"]),
-        Route("/inspector/{name}", static, methods=["GET"]),
-        Route("/api/session", session, methods=["GET"]),
+        Route("/", index, methods=["GET"], include_in_schema=False),
+        Route("/inspector/session", session, methods=["GET"], include_in_schema=False),
+        Route("/inspector/{name}", static, methods=["GET"], include_in_schema=False),
     ]

@@ -174,7 +174,7 @@
     if (!sessionStorage.getItem(KEY)) return showLogin();
     if (!session) {
       try {
-        session = await api("GET", "/api/session");
+        session = await api("GET", "/inspector/session");
       } catch (error) {
         return showLogin(error);
       }
