@@ -220,6 +220,10 @@ def test_sv1_listing_filters_by_status_and_write_time(client: TestClient) -> Non
     assert later["threads"] == []
     iso = client.get("/api/threads?written_before=2000-01-01T00:00:00Z", headers=auth(ADMIN)).json()
     assert iso["threads"] == []
+    loop = client.get("/api/threads", params={"metadata": '{"source": "loop"}'}, headers=auth(ADMIN)).json()
+    assert {t["thread_id"] for t in loop["threads"]} == {"a1", "b1"}
+    other = client.get("/api/threads", params={"metadata": '{"source": "fork"}'}, headers=auth(ADMIN)).json()
+    assert other["threads"] == []
 
 
 # --- one thread ----------------------------------------------------------------------------------
