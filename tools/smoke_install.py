@@ -6,8 +6,8 @@ working directory outside the repository. For each provider the install promises
 a store on the real servers, puts a checkpoint and reads it back; for each provider (and
 ``threadkeep serve``) whose extra is missing it checks that ``MissingExtraError`` names the
 ``pip install`` to run; it runs ``threadkeep demo``; with ``[server]`` it starts ``threadkeep
-serve`` and asks ``/healthz``. Exit status 0 when everything holds; the first failure
-otherwise, with its traceback.
+serve`` and asks ``/healthz`` and the inspector page's files (``/``, ``/inspector/*``). Exit
+status 0 when everything holds; the first failure otherwise, with its traceback.
 
     python tools/smoke_install.py --extras postgres,redis
 """
@@ -153,10 +153,18 @@ def check_serves(threadkeep_script: Path, folder: Path) -> None:
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as reply:
                     expect(reply.status == 200, reply.status)
-                    return
+                break
             except (urllib.error.URLError, ConnectionError):
                 expect(time.monotonic() < deadline, "threadkeep serve did not answer within 60 s")
                 time.sleep(0.2)
+        # The inspector's files ship in the wheel: the page and what it loads.
+        for path, holds in (
+            ("/", "/inspector/app.js"),
+            ("/inspector/app.js", "/api/threads"),
+            ("/inspector/app.css", ""),
+        ):
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as reply:
+                expect(reply.status == 200 and holds in reply.read().decode(), f"GET {path}: {reply.status}")
     finally:
         server.terminate()
         server.wait(timeout=30)

@@ -701,6 +701,15 @@ def create_app(
         )
         for endpoint in API
     ]
+    # -- the inspector page (issue 38 item 6): GET /, /inspector/* (not in the schema) ---------
+    from threadkeep import inspector
+
+    def identify(token: str) -> tuple[str, str] | None:
+        key = service.keys.get(token)
+        return None if key is None else (key.user, key.role)
+
+    table += inspector.routes(identify)
+    # -- end of the inspector page ---------------------------------------------------------------
     return Starlette(lifespan=lifespan, routes=table)
 
 
