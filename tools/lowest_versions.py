@@ -21,7 +21,7 @@ from packaging.utils import canonicalize_name
 
 ROOT = Path(__file__).resolve().parent.parent
 
-RANGED = ("langgraph", "langgraph-checkpoint", "psycopg", "psycopg-pool", "redis")
+RANGED = ("langgraph", "langgraph-checkpoint", "psycopg", "psycopg-pool", "redis", "prometheus-client")
 
 FOLLOWERS = {
     "psycopg-binary": "psycopg[binary] requires exactly its own version",
