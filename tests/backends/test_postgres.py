@@ -424,6 +424,20 @@ async def test_p6_an_open_from_the_loop_migrates_on_the_connection_its_first_rea
     assert applied == list(range(1, len(_MIGRATIONS) + 1))
 
 
+async def test_an_open_from_the_loop_counts_its_retries_where_it_is_told(provider: Any) -> None:
+    """``aopen_checkpointer(metrics=...)`` counts the engine's retries into that registry, as
+    the sync open does."""
+    from threadkeep.metrics import Metrics
+
+    mine = Metrics()
+    dsn = postgres_schema(uuid.uuid4().hex)
+    saver = await aopen_checkpointer("postgres", dsn, settings=Settings(), metrics=mine)
+    try:
+        assert saver.backend.engine.retry.on_retry == mine.meters("postgres").retried
+    finally:
+        await saver.aclose()
+
+
 async def test_p6_an_open_from_the_loop_refuses_a_store_of_another_generation(open_saver: Opener) -> None:
     saver = open_saver()
     dsn = saver.backend.engine.conninfo

@@ -108,7 +108,7 @@ def build_postgres(settings: Settings, options: SaverOptions) -> ThreadkeepSaver
 async def abuild_postgres(settings: Settings, options: SaverOptions) -> ThreadkeepSaver:
     """:func:`build_postgres` from inside an event loop: the format gate runs on the loop's
     pool, whose connection the first read then uses."""
-    backend = open_postgres_backend(settings, gate=False, **options.backend)
+    backend = open_postgres_backend(settings, gate=False, metrics=options.metrics, **options.backend)
     try:
         await backend.aopen()
     except BaseException:
