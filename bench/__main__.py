@@ -13,8 +13,9 @@ and the machine, ``bench.environment``):
   first load, each run in new processes (``--runs`` defaults to 15 here);
 - ``ledger [--runs N] [--calls 300] [--ledger-turns 10] [--stores sqlite,postgres]``: what the
   tool-call ledger costs per tool call (``--runs`` defaults to 5 here).
-- ``threads [--runs N] [--sizes 1000,10000,100000]``: a page of the thread listing from seeded
-  stores of each size, on sqlite, postgres and redis (``--runs`` defaults to 15 here).
+- ``threads [--runs N] [--sizes 1000,10000,100000] [--stores sqlite,postgres,redis]``: a page
+  of the thread listing from seeded stores of each size, on sqlite, postgres and redis
+  (``--runs`` defaults to 15 here).
 - ``resolver [--lookups 100000] [--lookup-threads 1000]``: the store reads the ownership
   resolver saves (exact counts, one run).
 
@@ -76,7 +77,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=100_000, help="sweep: expired threads to seed")
     parser.add_argument("--calls", type=int, default=300, help="ledger: tool calls in a row per run")
     parser.add_argument("--ledger-turns", type=int, default=10, help="ledger: turns of the agent per run")
-    parser.add_argument("--stores", default="sqlite,postgres", help="ledger: the stores to measure")
+    parser.add_argument(
+        "--stores", help="ledger, threads: the stores to measure (ledger: sqlite,postgres; threads: all)"
+    )
     parser.add_argument("--sizes", default="1000,10000,100000", help="threads: store sizes to seed")
     parser.add_argument("--lookups", type=int, default=100_000, help="resolver: owner lookups")
     parser.add_argument("--lookup-threads", type=int, default=1000, help="resolver: threads looked up")
@@ -124,12 +127,14 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     if args.suite == "ledger":
         from bench import ledger
 
-        stores = tuple(name for name in args.stores.split(",") if name)
+        stores = tuple(name for name in (args.stores or "sqlite,postgres").split(",") if name)
         return ledger.main(runs=args.runs, calls=args.calls, turns=args.ledger_turns, stores=stores)
     if args.suite == "threads":
         from bench import threads
 
-        return threads.main(runs=args.runs, sizes=tuple(int(n) for n in args.sizes.split(",")))
+        sizes = tuple(int(n) for n in args.sizes.split(","))
+        chosen = tuple(name for name in (args.stores or ",".join(threads.STORES)).split(",") if name)
+        return threads.main(runs=args.runs, sizes=sizes, stores=chosen)
     if args.suite == "resolver":
         from bench import resolver
 

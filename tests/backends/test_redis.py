@@ -680,3 +680,78 @@ def test_w4_a_turn_outlasts_its_primarys_failover(provider: Any, api: str) -> No
             assert len(list(saver.list(_config(thread)))) == 2 * (MESSAGES_PER_TURN + 1)
     finally:
         cluster.close()
+
+
+def _reads(client: Any) -> int:
+    """How many times the server has read from its clients' sockets (INFO stats); the INFO
+    command that asks is one of them."""
+    return int(client.info("stats")["total_reads_processed"])
+
+
+@pytest.mark.providers("redis")
+def test_sv1_a_page_reads_its_rows_in_one_round_trip_and_a_put_lists_its_thread_in_its_own(
+    provider: Any,
+) -> None:
+    """On a server of its own, whose socket reads are the saver's only: a page of 50 threads
+    costs a handful of reads (the index's page, then every row's thread together), not one
+    per row; and a put writes the listing's index in the round trip of its script, fewer
+    than two reads a put."""
+    import redis
+
+    from tests.servers import RedisServer
+    from threadkeep import operator_scope
+    from threadkeep.threads import ThreadQuery
+
+    server = RedisServer().start()
+    try:
+        observer = redis.Redis.from_url(server.url)
+        with open_checkpointer("redis", server.url, settings=Settings()) as saver:
+            metadata: Any = {"source": "input", "step": -1}
+            saver.put(_config("warm"), _checkpoint(), metadata, {})  # scripts loaded, connection open
+            puts = 60
+            before = _reads(observer)
+            for n in range(puts):
+                saver.put(_config(f"listed-{n:02}"), _checkpoint(), metadata, {})
+            put_reads = _reads(observer) - before - 1
+            assert puts <= put_reads < 2 * puts, put_reads
+
+            with operator_scope():
+                saver.threads(ThreadQuery(limit=50))  # warm
+                calls_before = observer.info("commandstats")["cmdstat_evalsha"]["calls"]
+                before = _reads(observer)
+                page = saver.threads(ThreadQuery(limit=50))
+                page_reads = _reads(observer) - before - 1
+                calls = observer.info("commandstats")["cmdstat_evalsha"]["calls"] - calls_before
+            assert len(page.threads) == 50
+            assert page.threads[0].thread_id == f"listed-{puts - 1:02}"
+            assert calls == 52  # the index's page and the 51 rows it read (one tells a next page)
+            assert page_reads <= 10, page_reads  # was 52: a round trip per row
+        observer.close()
+    finally:
+        server.close()
+
+
+def test_sv1_a_refused_put_leaves_the_listing_index_as_it_was(open_saver: Opener) -> None:
+    """A put lists its thread in the round trip of its script, before the script's answer
+    is known: one refused (another user's thread, a head moved meanwhile) gives the indexes
+    back what they held, so the thread keeps its place and the refused writer's index does
+    not list it."""
+    from threadkeep import StaleStateError, StorageForbiddenError
+
+    saver = open_saver()
+    space = saver.backend.space
+    metadata: Any = {"source": "input", "step": -1}
+    stored = saver.put(_config("kept", "alice"), _checkpoint(), metadata, {})
+    first = {"configurable": {**stored["configurable"], "user_id": "alice"}}
+    saver.put(first, _checkpoint(), metadata, {})  # the head moves past `first`
+    client = raw(saver)
+    placed = client.zscore(space.listing_key, "kept")
+    assert client.zscore(space.owner_listing_key("alice"), "kept") == placed
+    time.sleep(0.01)  # a later write time than the one the index holds
+    with pytest.raises(StorageForbiddenError):
+        saver.put(_config("kept", "mallory"), _checkpoint(), metadata, {})
+    with pytest.raises(StaleStateError):
+        saver.put(first, _checkpoint(), metadata, {})  # from a parent that is no longer the head
+    assert client.zscore(space.listing_key, "kept") == placed
+    assert client.zscore(space.owner_listing_key("alice"), "kept") == placed
+    assert client.zscore(space.owner_listing_key("mallory"), "kept") is None

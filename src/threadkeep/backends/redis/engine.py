@@ -1,9 +1,10 @@
 """Runs Redis programs on redis-py clients, sync and async, plain or Cluster.
 
 A program yields :class:`Script` (an atomic Lua script on one thread's keys),
-:class:`Command` (one single-key command) or :class:`Scan` (every key matching a pattern,
-on every node). Scripts are loaded once per client and called with EVALSHA; redis-py loads
-a script again when the server answers NOSCRIPT (after a restart). A dropped connection
+:class:`Command` (one single-key command), :class:`Pipeline` (several of them in one round
+trip) or :class:`Scan` (every key matching a pattern, on every node). Scripts are loaded
+once per client and called with EVALSHA; a script is loaded again when the server answers
+NOSCRIPT (after a restart). A dropped connection
 retries the whole program as the retry policy says (SPEC W4): every script is atomic, and
 a step replayed after its reply was lost finds its checkpoint stored and passes. What the
 server refuses (a login, a command the ACL user may not run, an error reply: :func:`refusal`)
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import inspect
 import threading
 import time
@@ -38,6 +40,7 @@ from redis.exceptions import (
     ClusterDownError,
     MaxConnectionsError,
     NoPermissionError,
+    NoScriptError,
     ReadOnlyError,
     RedisClusterException,
     RedisError,
@@ -54,7 +57,16 @@ from threadkeep.core.program import Program, ProgramFactory, drive, drive_async
 from threadkeep.core.retry import Refusal, RetryPolicy, Tries
 from threadkeep.errors import StorageError
 
-__all__ = ["Command", "RedisEngine", "Scan", "Script", "is_connection_error", "refusal", "script_source"]
+__all__ = [
+    "Command",
+    "Pipeline",
+    "RedisEngine",
+    "Scan",
+    "Script",
+    "is_connection_error",
+    "refusal",
+    "script_source",
+]
 
 T = TypeVar("T")
 
@@ -77,6 +89,19 @@ class Command:
     """Run one single-key Redis command, e.g. ``("SET", key, value, "NX")``."""
 
     args: tuple[object, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Pipeline:
+    """Run ``requests`` in one round trip (a pipeline: each request is atomic on its own,
+    not all of them together); the program receives the list of their results.
+
+    One server runs them in order. A Cluster client sends each to its slot's node, one
+    round trip per node, all nodes at once; requests on different nodes run in no set order.
+    Every request runs even if one fails; the first failure is then raised in the program
+    (a dropped connection retries the whole program, as for one request)."""
+
+    requests: tuple[Script | Command, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,6 +248,40 @@ def script_source(name: str) -> str:
     """The Lua source of script ``name``: the shared prelude, then the script."""
     folder = resources.files("threadkeep.backends.redis") / "lua"
     return (folder / "_prelude.lua").read_text() + "\n" + (folder / f"{name}.lua").read_text()
+
+
+@cache
+def _script_sha(name: str) -> str:
+    """The SHA1 digest of script ``name``'s source: its name in the server's script cache."""
+    return hashlib.sha1(script_source(name).encode()).hexdigest()
+
+
+def _call(request: Script | Command) -> tuple[object, ...]:
+    """The command that runs ``request`` in a pipeline. A script is called with EVALSHA
+    through ``execute_command``: redis-py up to 8.1 refuses ``ClusterPipeline.evalsha``
+    though it routes EVALSHA by its keys like any keyed command (redis-py issue #2914,
+    lifted by its pull request #4206); the script is loaded where the server answers
+    NOSCRIPT (:func:`_unloaded`)."""
+    if isinstance(request, Command):
+        return request.args
+    return ("EVALSHA", _script_sha(request.name), len(request.keys), *request.keys, *request.args)
+
+
+def _unloaded(requests: Sequence[Script | Command], replies: Sequence[Any]) -> list[int]:
+    """The positions of the scripts the server did not know (NOSCRIPT: they did not run)."""
+    return [
+        position
+        for position, reply in enumerate(replies)
+        if isinstance(reply, NoScriptError) and isinstance(requests[position], Script)
+    ]
+
+
+def _results(replies: Sequence[Any]) -> list[Any]:
+    """A pipeline's replies, or its first failure raised."""
+    for reply in replies:
+        if isinstance(reply, BaseException):
+            raise reply
+    return list(replies)
 
 
 class RedisEngine:
@@ -446,6 +505,8 @@ class RedisEngine:
             )
         if isinstance(request, Command):
             return client.execute_command(*request.args)
+        if isinstance(request, Pipeline):
+            return self._pipeline(client, request.requests)
         if isinstance(request, _ScanPage):
             return _scan_reply(client.scan(**_scan_arguments(client, request)))
         if isinstance(request, Scan):
@@ -459,11 +520,56 @@ class RedisEngine:
             return await script(keys=list(request.keys), args=list(request.args), client=client)
         if isinstance(request, Command):
             return await client.execute_command(*request.args)
+        if isinstance(request, Pipeline):
+            return await self._pipeline_async(client, request.requests)
         if isinstance(request, _ScanPage):
             return _scan_reply(await client.scan(**_scan_arguments(client, request)))
         if isinstance(request, Scan):
             return await drive_async(_scan(request.pattern), partial(self._execute_async, client))
         raise TypeError(f"the redis engine cannot run {request!r}")
+
+    def _pipeline(self, client: Any, requests: Sequence[Script | Command]) -> list[Any]:
+        """Run ``requests`` in one round trip (:class:`Pipeline`); a second one runs, after
+        loading them, the scripts the server did not know."""
+        replies = self._send(client, requests)
+        unloaded = _unloaded(requests, replies)
+        if unloaded:
+            for name in {requests[position].name for position in unloaded}:  # type: ignore[union-attr]
+                client.script_load(script_source(name))
+            again = self._send(client, [requests[position] for position in unloaded])
+            for position, reply in zip(unloaded, again, strict=True):
+                replies[position] = reply
+        return _results(replies)
+
+    def _send(self, client: Any, requests: Sequence[Script | Command]) -> list[Any]:
+        if not requests:
+            return []
+        self._refuse_if_closed()
+        pipe = client.pipeline(transaction=False)
+        for request in requests:
+            pipe.execute_command(*_call(request))
+        return list(pipe.execute(raise_on_error=False))
+
+    async def _pipeline_async(self, client: Any, requests: Sequence[Script | Command]) -> list[Any]:
+        """The same as :meth:`_pipeline`, on an async client."""
+        replies = await self._send_async(client, requests)
+        unloaded = _unloaded(requests, replies)
+        if unloaded:
+            for name in {requests[position].name for position in unloaded}:  # type: ignore[union-attr]
+                await client.script_load(script_source(name))
+            again = await self._send_async(client, [requests[position] for position in unloaded])
+            for position, reply in zip(unloaded, again, strict=True):
+                replies[position] = reply
+        return _results(replies)
+
+    async def _send_async(self, client: Any, requests: Sequence[Script | Command]) -> list[Any]:
+        if not requests:
+            return []
+        self._refuse_if_closed()
+        pipe = client.pipeline(transaction=False)
+        for request in requests:
+            pipe.execute_command(*_call(request))
+        return list(await pipe.execute(raise_on_error=False))
 
     def close(self) -> None:
         """Close the clients this engine opened; clients it was given stay open. The engine

@@ -68,7 +68,7 @@ class KeySpace:
         write (SPEC SV1). Its hash tag, ``{listing}``, puts it and every owner's index
         (:meth:`owner_listing_key`) in one Redis Cluster slot, so one script keeps them
         together; a thread's own keys are in its own slot, so the index is written by a
-        second call after the thread's script (see lua/listing.lua)."""
+        second script call beside the thread's script (see lua/listing.lua)."""
         return f"{self.prefix}:{{listing}}:all"
 
     def owner_listing_key(self, owner: str) -> str:

@@ -15,7 +15,7 @@ from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import CheckpointTuple
 from langgraph.checkpoint.serde.base import SerializerProtocol
 
-from threadkeep.backends.redis.engine import Command, Scan, Script
+from threadkeep.backends.redis.engine import Command, Pipeline, Scan, Script
 from threadkeep.backends.redis.keys import KeySpace
 from threadkeep.backends.sql.programs import FORMAT_GENERATION, READABLE_GENERATIONS
 from threadkeep.core.identity import ANONYMOUS, Actor
@@ -181,23 +181,46 @@ def stored_prefix(flags: Sequence[int]) -> int:
 
 def put(space: KeySpace, step: PutStep, ttl_ms: int) -> Program[RunnableConfig]:
     """Store one checkpoint step with one script (SPEC W1), in one round trip when the
-    message lists continue what this process put before."""
+    message lists continue what this process put before.
+
+    The listing's index (:func:`_listed`, in another Cluster slot) is written in the same
+    round trip, beside the script, not inside it: the thread is listed under its writer,
+    who owns it unless an operator writes another user's thread (then a second round trip
+    moves it to its owner's index). A put that is refused (another user's thread, a stale
+    head) gives the index back what it held (:func:`_unlist`); one that fails on the way (a
+    dropped connection, the process gone) may leave the thread listed at the failed write's
+    time, or a thread never stored listed, which a listing drops where it meets it."""
     target = step.target
     keys = space.thread(target.thread_id)
+    writer = target.actor.user_id
     known = [chain.reused for chain in step.chains]
     for position, chain in enumerate(step.chains):
         if len(chain.nodes) - known[position] > _PROBE_AFTER:
             known[position] = stored_prefix((yield Script("probe", keys, chain.nodes)))
+    held: list[bytes] | None = None  # what the index held before this put listed the thread
     tries = 0
     while tries < _PUT_TRIES:
-        reply = yield Script("put", keys, _put_args(step, ttl_ms, known))
+        request = Script("put", keys, _put_args(step, ttl_ms, known))
+        if held is None:
+            reply, held = yield Pipeline((request, _listed(space, target.thread_id, writer, step.now)))
+        else:
+            reply = yield request
         status = reply[0]
         if status == b"ok":
-            yield _listed(space, target.thread_id, reply[1].decode(), step.now)
+            owner = reply[1].decode()
+            if owner != writer:  # an operator's write of another user's thread
+                yield Pipeline(
+                    (
+                        _listed(space, target.thread_id, owner, step.now),
+                        _unlist(space, target.thread_id, writer, step.now, held, owner_only=True),
+                    )
+                )
             return step.result_config()
         if status == b"forbidden":
-            raise StorageForbiddenError(target.thread_id, target.actor.user_id)
+            yield _unlist(space, target.thread_id, writer, step.now, held)
+            raise StorageForbiddenError(target.thread_id, writer)
         if status == b"stale":
+            yield _unlist(space, target.thread_id, writer, step.now, held)
             raise StaleStateError(
                 target.thread_id, target.checkpoint_ns, step.parent_id, reply[1].decode() or None
             )
@@ -205,6 +228,7 @@ def put(space: KeySpace, step: PutStep, ttl_ms: int) -> Program[RunnableConfig]:
             # A value the checkpoint keeps from its parent is gone (put.lua): send every value
             # (not a try; a step that sends every value is never answered so).
             if step.whole is None:
+                yield _unlist(space, target.thread_id, writer, step.now, held)
                 raise StorageError(f"thread {target.thread_id!r} lost a value a put sent whole; try again")
             step = step.whole()
             known = [chain.reused for chain in step.chains]
@@ -213,6 +237,8 @@ def put(space: KeySpace, step: PutStep, ttl_ms: int) -> Program[RunnableConfig]:
         tries += 1
         for position, chain in enumerate(step.chains):
             known[position] = stored_prefix((yield Script("probe", keys, chain.nodes)))
+    if held is not None:
+        yield _unlist(space, target.thread_id, writer, step.now, held)
     raise StorageError(f"thread {target.thread_id!r} kept changing under a put; try again")
 
 
@@ -906,11 +932,12 @@ def interrupted(space: KeySpace, thread_ids: Sequence[str], since: float | None)
 #
 # The index is a ZSET of every thread and one per owner, scored by the last write, in the one
 # Cluster slot of the "{listing}" hash tag (KeySpace.listing_key). A thread's keys are in its
-# own slot, so no script can write both: the index is written by a second call after each
-# write that moves a thread's clock (put, a run's start, a copy), and an entry may outlive
-# its thread (keys expire on their TTL, SPEC R2; a process may stop between the two calls).
-# A listing reads each row's thread (summary.lua) and drops, from the index too, the entries
-# whose thread is gone or has another owner.
+# own slot, so no script can write both: the index is written by a second call with each
+# write that moves a thread's clock (a put, in the same round trip; a run's start, a copy,
+# after it), and an entry may outlive its thread or precede it (keys expire on their TTL,
+# SPEC R2; a process may stop, or a connection drop, between the two calls). A listing reads
+# the rows' threads (summary.lua, every row of a page in one round trip) and drops, from the
+# index too, the entries whose thread is gone or has another owner.
 
 # A ZSET bound for an unbounded side (Lua's tonumber does not read "inf" everywhere).
 _FAR: Final = 1e300
@@ -919,6 +946,24 @@ _FAR: Final = 1e300
 def _listed(space: KeySpace, thread_id: str, owner: str, written_at: float) -> Script:
     keys = (space.listing_key, space.owner_listing_key(owner))
     return Script("listing", keys, ["add", thread_id, repr(float(written_at))])
+
+
+def _unlist(
+    space: KeySpace,
+    thread_id: str,
+    writer: str,
+    written_at: float,
+    held: Sequence[bytes],
+    *,
+    owner_only: bool = False,
+) -> Script:
+    """Give the indexes the scores ``held`` that :func:`_listed` (``writer``, ``written_at``)
+    answered, where the thread is still at ``written_at`` (no write listed it since);
+    ``owner_only``: only ``writer``'s index."""
+    owned = space.owner_listing_key(writer)
+    keys = (owned, owned) if owner_only else (space.listing_key, owned)
+    before = (held[1], held[1]) if owner_only else (held[0], held[1])
+    return Script("listing", keys, ["restore", thread_id, repr(float(written_at)), *before])
 
 
 def _unlisted(space: KeySpace, thread_id: str, owner: str | None) -> Script:
@@ -932,21 +977,27 @@ def _bound(value: float) -> str:
 
 def thread_rows(space: KeySpace, scan: ThreadScan) -> Program[list[ThreadRow]]:
     """The threads after the scan's cursor, newest write first: a page of the owner's (or
-    every thread's) index, then one script per row for what the listing shows. The status
-    is not indexed on Redis: rows of every status come back, and the listing filters them."""
+    every thread's) index, then the rows' threads (one summary.lua each, all in one round
+    trip) for what the listing shows. Entries whose thread is gone are dropped from the
+    index with the next page's read (or after the last). The status is not indexed on Redis:
+    rows of every status come back, and the listing filters them."""
     index = space.listing_key if scan.owner is None else space.owner_listing_key(scan.owner)
     rows: list[ThreadRow] = []
+    stale: list[Script] = []  # entries of threads gone, or handed to another owner
     at, after_id = scan.at, scan.after_id
     while len(rows) < scan.limit:
         wanted = scan.limit - len(rows)
         args = ["page", _bound(at), after_id, _bound(scan.written_after), _bound(scan.written_before), wanted]
-        reply = yield Script("listing", (index, index), args)
+        *_, reply = yield Pipeline((*stale, Script("listing", (index, index), args)))
+        stale = []
         entries = [(reply[i].decode(), float(reply[i + 1])) for i in range(0, len(reply), 2)]
-        for thread_id, written_at in entries:
+        summaries = yield Pipeline(
+            tuple(Script("summary", space.thread(thread_id), [scan.now]) for thread_id, _ in entries)
+        )
+        for (thread_id, written_at), found in zip(entries, summaries, strict=True):
             at, after_id = written_at, thread_id
-            found = yield Script("summary", space.thread(thread_id), [scan.now])
             if not found or (scan.owner is not None and found[0].decode() != scan.owner):
-                yield _unlisted(space, thread_id, scan.owner)  # gone, or handed to another owner
+                stale.append(_unlisted(space, thread_id, scan.owner))
                 continue
             owner, due, waiting_ms, until, interrupted, record, ttl = found
             rows.append(
@@ -964,4 +1015,6 @@ def thread_rows(space: KeySpace, scan: ThreadScan) -> Program[list[ThreadRow]]:
             )
         if len(entries) < wanted:
             break
+    if stale:
+        yield Pipeline(tuple(stale))
     return rows

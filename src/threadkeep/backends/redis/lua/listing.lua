@@ -2,22 +2,41 @@
 -- their last write (s), one of every thread and one per owner, all under the one hash tag
 -- "{listing}" (see keys.py: a Redis Cluster serves them from one slot, as it does the
 -- finished set; a thread's own keys live in its own slot, so the index is written by this
--- script right after the script that writes the thread, not inside it).
+-- script beside the script that writes the thread, in the same round trip, not inside it).
 -- KEYS[1] every thread's index   KEYS[2] an owner's index (for "add", "remove"; "page": unused)
 -- ARGV[1] "add": ARGV[2] thread id, ARGV[3] write time (s); later writes only move it forward
 --         (a put and a run's start racing leave the later time)
+-- ARGV[1] "restore": ARGV[2] thread id, ARGV[3] the time an "add" gave it, ARGV[4], ARGV[5]
+--         the scores that "add" answered for KEYS[1], KEYS[2]: each index where the thread is
+--         still at that time gets its score back ("" none: the thread leaves it)
 -- ARGV[1] "remove": ARGV[2] thread id (from both indexes)
 -- ARGV[1] "page": KEYS[1] the index to read; ARGV[2] the cursor's time ("inf": none),
 --         ARGV[3] the cursor's thread id, ARGV[4] written at or after (s, "-inf"),
 --         ARGV[5] written before (s, "inf"), ARGV[6] how many
--- Returns: "add", "remove": 1; "page": thread id, score, ... newest first, ties by id
+-- Returns: "add": what KEYS[1] and KEYS[2] held for the thread before ("" none), to
+-- "restore" if the write it went with was refused; "restore", "remove": 1; "page": thread id, score, ... newest first, ties by id
 -- descending (ZREVRANGEBYSCORE's own order), only after the cursor.
 local op = ARGV[1]
 if op == "add" then
+    local before = {}
     for i = 1, 2 do
-        local held = tonumber(redis.call("ZSCORE", KEYS[i], ARGV[2]))
+        local score = redis.call("ZSCORE", KEYS[i], ARGV[2])
+        local held = tonumber(score)
+        before[i] = score or ""
         if not held or held < tonumber(ARGV[3]) then
             redis.call("ZADD", KEYS[i], ARGV[3], ARGV[2])
+        end
+    end
+    return before
+end
+if op == "restore" then
+    for i = 1, 2 do
+        if tonumber(redis.call("ZSCORE", KEYS[i], ARGV[2])) == tonumber(ARGV[3]) then
+            if ARGV[3 + i] == "" then
+                redis.call("ZREM", KEYS[i], ARGV[2])
+            else
+                redis.call("ZADD", KEYS[i], ARGV[3 + i], ARGV[2])
+            end
         end
     end
     return 1
