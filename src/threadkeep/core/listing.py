@@ -19,7 +19,16 @@ from threadkeep.core.records import decode_structure, filter_as_stored, matches_
 from threadkeep.core.retention import PlatformRetention
 from threadkeep.threads import Cursor, ThreadPage, ThreadQuery, ThreadStatus, ThreadSummary
 
-__all__ = ["CLOCK_STEP", "SCAN_BOUND", "STATE_OF", "ThreadRow", "ThreadScan", "page_program", "status_of", "summarize"]
+__all__ = [
+    "CLOCK_STEP",
+    "SCAN_BOUND",
+    "STATE_OF",
+    "ThreadRow",
+    "ThreadScan",
+    "page_program",
+    "status_of",
+    "summarize",
+]
 
 # How many index rows one page reads at most when rows are filtered after the index (a
 # metadata filter; a status filter on Redis): past it, the page ends short, with a cursor.
