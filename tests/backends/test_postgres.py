@@ -893,3 +893,66 @@ def test_a_deployment_set_up_by_its_environment_can_turn_prepared_statements_off
         saver.get_tuple({"configurable": {"thread_id": "t"}})
         with saver.backend.engine._sync_pool().connection() as conn:
             assert conn.execute("SELECT count(*) FROM pg_prepared_statements").fetchone() != (0,)
+
+
+def _blocked_by(dsn: str, pids: set[int]) -> set[int]:
+    """The backends waiting for a lock one of ``pids`` holds (or waits for first)."""
+    with connect(dsn) as conn:
+        rows = conn.execute(
+            "SELECT pid FROM pg_stat_activity WHERE pg_blocking_pids(pid) && %s::integer[]", (list(pids),)
+        ).fetchall()
+    return {row[0] for row in rows}
+
+
+async def _until_blocked(dsn: str, pids: set[int], count: int) -> set[int]:
+    for _ in range(500):
+        blocked = _blocked_by(dsn, pids)
+        if len(blocked) >= count:
+            return blocked
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"fewer than {count} backends waited for {pids}")
+
+
+async def test_an_interrupt_whose_mark_waited_for_a_newer_put_leaves_the_thread_listed_waiting(
+    provider: Any,
+) -> None:
+    """A task's interrupt write on a checkpoint whose mark (tk_threads.interrupt_at) waited
+    for the thread's row while a put of a newer root checkpoint held it: once both commit,
+    the interrupt is not the newest checkpoint's, and the listing's status filter finds the
+    thread waiting, as its state says (the mark re-reads the row's head, which the put
+    moved; its own snapshot predates the put)."""
+    from langgraph.checkpoint.base import create_checkpoint
+    from langgraph.types import Interrupt
+
+    from threadkeep import operator_scope
+    from threadkeep.threads import ThreadQuery
+
+    dsn = postgres_schema(uuid.uuid4().hex)
+    with open_checkpointer("postgres", dsn, settings=Settings(pool_max_size=4)) as saver:
+        thread = {"configurable": {"thread_id": "asked"}}
+        await build_agent(saver).ainvoke(turn_input(0), thread)
+        state = await saver.aget_tuple(thread)
+        child = create_checkpoint(state.checkpoint, None, state.metadata["step"] + 1)
+        metadata = {"source": "loop", "step": state.metadata["step"] + 1, "parents": {}}
+        holder = connect(dsn)
+        holder.autocommit = False
+        holder.execute("SELECT 1 FROM tk_threads WHERE thread_id = 'asked' FOR NO KEY UPDATE")
+        holder_pid = holder.info.backend_pid
+        try:
+            put = asyncio.ensure_future(saver.aput(state.config, child, metadata, {}))
+            (put_pid,) = await _until_blocked(dsn, {holder_pid}, 1)
+            interrupt = [Interrupt(value="go on?")]
+            mark = asyncio.ensure_future(
+                saver.aput_writes(state.config, [("__interrupt__", interrupt)], "task-1")
+            )
+            await _until_blocked(dsn, {holder_pid, put_pid}, 2)
+        finally:
+            holder.rollback()
+            holder.close()
+        await asyncio.wait_for(asyncio.gather(put, mark), 10)
+        latest = await saver.aget_tuple(thread)
+        assert latest.checkpoint["id"] == child["id"]
+        assert not latest.pending_writes
+        with operator_scope():
+            assert [t.thread_id for t in saver.threads(ThreadQuery(status="waiting")).threads] == ["asked"]
+            assert saver.threads(ThreadQuery(status="interrupted")).threads == []

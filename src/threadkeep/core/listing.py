@@ -19,12 +19,27 @@ from threadkeep.core.records import decode_structure, filter_as_stored, matches_
 from threadkeep.core.retention import PlatformRetention
 from threadkeep.threads import Cursor, ThreadPage, ThreadQuery, ThreadStatus, ThreadSummary
 
-__all__ = ["SCAN_BOUND", "STATE_OF", "ThreadRow", "ThreadScan", "page_program", "status_of", "summarize"]
+__all__ = [
+    "CLOCK_STEP",
+    "SCAN_BOUND",
+    "STATE_OF",
+    "ThreadRow",
+    "ThreadScan",
+    "page_program",
+    "status_of",
+    "summarize",
+]
 
 # How many index rows one page reads at most when rows are filtered after the index (a
 # metadata filter; a status filter on Redis): past it, the page ends short, with a cursor.
 SCAN_BOUND: Final = 1000
-# The SQL stores' tk_threads.state (migration 12) of each status a row can hold.
+# How far a thread's listed write time (the SQL stores' tk_threads.active_at) may lag its
+# newest put, in seconds: a put moves it only once it is this far behind, so most puts leave
+# the listing's indexes alone (a HOT update on Postgres). The listing's order, its write
+# time filters and a waiting thread's shown due time are those of the puts to within it;
+# the sweep counts from the newest checkpoint itself, so it deletes nothing early.
+CLOCK_STEP: Final = 60.0
+# The SQL stores' listing state (migrations postgres 12, sqlite 6) of each status a row can hold.
 STATE_OF: Final[Mapping[ThreadStatus, int]] = {"waiting": 0, "finished": 1, "interrupted": 2}
 _INFINITY: Final = float("inf")
 

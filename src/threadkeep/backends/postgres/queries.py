@@ -208,20 +208,27 @@ _MANY = {kind: _insert_rows(kind) for kind in _ROWS}
 
 # A locked put of the root namespace records the head it leaves: the newer of the head it
 # read (%(head_id)s) and its own checkpoint.
-# It also moves the thread's waiting clock (active_at, migration 12) to the put's time, and
-# forgets an interrupt of a root checkpoint older than the head it leaves.
-SET_HEAD = """
+# It also moves the thread's listed write time (active_at, migration 12) to the put's time
+# once it is %(clock_step)s seconds behind (_CLOCK), and forgets an interrupt of a root
+# checkpoint older than the head it leaves.
+# _CLOCK: active_at is in the listing's indexes, so a put that moves it is not a HOT update
+# and adds an entry to every index of tk_threads; moved at most once a step, most puts
+# leave the indexed columns as they were (head and interrupt_at are not indexed; the
+# listing's state expression changes only with an interrupt or a finished mark).
+_CLOCK = "CASE WHEN %(now)s - {t}active_at >= %(clock_step)s THEN %(now)s ELSE {t}active_at END"
+SET_HEAD = f"""
 UPDATE tk_threads SET head = greatest(%(head_id)s::text, %(checkpoint_id)s::text),
-    active_at = greatest(active_at, %(now)s),
+    active_at = {_CLOCK.format(t="")},
     interrupt_at = CASE WHEN interrupt_at >= greatest(%(head_id)s::text, %(checkpoint_id)s::text)
                         THEN interrupt_at END
 WHERE tid = %(tid)s
 """
 
-# A put of a subgraph's namespace moves the thread's waiting clock (migration 12) only.
+# A put of a subgraph's namespace moves the thread's listed write time (migration 12) only,
+# as _CLOCK does: no row version at all while it is less than a step behind.
 TOUCH_THREAD = """
-UPDATE tk_threads SET active_at = greatest(active_at, %(now)s)
-WHERE tid = %(tid)s AND active_at < %(now)s
+UPDATE tk_threads SET active_at = %(now)s
+WHERE tid = %(tid)s AND %(now)s - active_at >= %(clock_step)s
 """
 
 # A put that continues the head of its thread's root namespace, as one statement: it sets
@@ -235,8 +242,8 @@ WHERE tid = %(tid)s AND active_at < %(now)s
 # entries can be carried), and the links the writer takes for stored (%(known)s, the last
 # one of each list's known prefix). No row back: nothing was written, and the put runs as
 # usual (a first put, a branch, a conflict, an unknown list).
-CLAIM_HEAD = """
-UPDATE tk_threads AS t SET head = %(checkpoint_id)s::text, active_at = greatest(t.active_at, %(now)s),
+CLAIM_HEAD = f"""
+UPDATE tk_threads AS t SET head = %(checkpoint_id)s::text, active_at = {_CLOCK.format(t="t.")},
     interrupt_at = CASE WHEN t.interrupt_at >= %(checkpoint_id)s::text THEN t.interrupt_at END
 WHERE t.thread_id = %(thread_id)s AND t.head = %(parent_id)s::text
   AND %(checkpoint_id)s::text > %(parent_id)s::text
@@ -358,10 +365,13 @@ _MANY["special_write"] = (
 # A task's interrupt write on a root checkpoint names it in its thread's row (interrupt_at,
 # migration 12), unless a newer root checkpoint is stored (a late write: LangGraph's rule
 # reads the newest one only). Under the writes' owner guard. Sent only with such a write.
+# The row's head is part of the test: a put that committed while this waited for the row
+# is not in the statement's snapshot (READ COMMITTED), but the row it left is re-read.
 MARK_INTERRUPT = """
 UPDATE tk_threads AS t SET interrupt_at = greatest(coalesce(t.interrupt_at, ''), %(checkpoint_id)s::text)
 WHERE t.thread_id = %(thread_id)s
   AND (%(required_owner)s::text IS NULL OR t.owner = %(required_owner)s::text)
+  AND (t.head IS NULL OR t.head <= %(checkpoint_id)s::text)
   AND NOT EXISTS (SELECT 1 FROM tk_checkpoints AS c
                   WHERE c.tid = t.tid AND c.checkpoint_ns = '' AND c.checkpoint_id > %(checkpoint_id)s::text)
 """
@@ -929,7 +939,10 @@ _LISTED = """(SELECT t.tid, t.thread_id, t.owner, t.active_at, t.waiting_minutes
    AND NOT (%(unparked)s::boolean AND EXISTS (
        SELECT 1 FROM tk_parks AS p WHERE p.tid = t.tid AND p.deadline > %(now)s::double precision))
  ORDER BY t.active_at DESC, t.thread_id DESC LIMIT %(limit)s)"""
-_STATE_RANGE = "t.state = {state} AND (%(state)s::smallint IS NULL OR %(state)s::smallint = {state})"
+# The listing indexes' leading state (migration 12), as they spell it: 2 interrupted, 1
+# finished, 0 waiting.
+_STATE = "(CASE WHEN t.interrupt_at IS NOT NULL THEN 2 WHEN t.finished_due IS NOT NULL THEN 1 ELSE 0 END)"
+_STATE_RANGE = _STATE + " = {state} AND (%(state)s::smallint IS NULL OR %(state)s::smallint = {state})"
 _DETAILS = """
 SELECT l.thread_id, l.owner, l.active_at, l.waiting_minutes, l.finished_due, l.interrupt_at,
        c.checkpoint_id, c.metadata::text, p.until

@@ -19,7 +19,7 @@ from langgraph.checkpoint.serde.base import SerializerProtocol
 
 from threadkeep.backends.sql.ledger import LedgerDialect
 from threadkeep.core.identity import Actor
-from threadkeep.core.listing import ThreadRow, ThreadScan
+from threadkeep.core.listing import CLOCK_STEP, ThreadRow, ThreadScan
 from threadkeep.core.messages import CHAIN_TYPE, ContentCache, EncodingMemo, MessageChain, chain_tail
 from threadkeep.core.program import Batch, Program, Sql, SqlMany
 from threadkeep.core.records import (
@@ -256,9 +256,16 @@ def put(q: SqlDialect, step: PutStep) -> Program[RunnableConfig]:
     vals, blobs, carried = _layout(step, unchanged, results[2])
     for chain in carried:  # a list no stored checkpoint held: its rows, whatever is stored
         rows.extend(_chain_rows(q, int(tid), chain, 0))
-    # The thread's row: its root head where the dialect keeps one, its waiting clock, its
-    # interrupt (the listing's index, migration postgres 12 / sqlite 6); no round trip of its own.
-    clock = {"tid": tid, "now": step.now, "checkpoint_ns": ns, "checkpoint_id": step.checkpoint_id}
+    # The thread's row: its root head where the dialect keeps one, its listed write time (moved
+    # once it is CLOCK_STEP behind), its interrupt (the listing's index, migration postgres 12
+    # / sqlite 6); no round trip of its own.
+    clock = {
+        "tid": tid,
+        "now": step.now,
+        "clock_step": CLOCK_STEP,
+        "checkpoint_ns": ns,
+        "checkpoint_id": step.checkpoint_id,
+    }
     if q.SET_HEAD is not None and ns == "":
         rows.append(Sql(q.SET_HEAD, {**clock, "head_id": head_id}))
     else:
@@ -381,6 +388,7 @@ def _claimed(q: SqlDialect, step: PutStep, unchanged: Mapping[str, str]) -> tupl
         "checkpoint_id": step.checkpoint_id,
         "run_id": step.run_id,
         "now": step.now,
+        "clock_step": CLOCK_STEP,
         "checkpoint": step.checkpoint.decode(),
         "metadata": step.metadata.decode(),
         "vals": json_text(vals) if vals else None,

@@ -130,12 +130,15 @@ SET_HEAD = None
 CLEAR_HEADS = None
 claimed_put = None
 
-# A put moves its thread's waiting clock (active_at, migration 6) to its time, and a root
-# put forgets an interrupt of an older root checkpoint (interrupt_at).
+# A put moves its thread's listed write time (active_at, migration 6) to its time once it is
+# :clock_step seconds behind (listing.CLOCK_STEP: fewer index writes), and a root put forgets
+# an interrupt of an older root checkpoint (interrupt_at). A put that changes neither leaves
+# the row alone.
 TOUCH_THREAD = """
-UPDATE tk_threads SET active_at = max(active_at, :now),
+UPDATE tk_threads SET active_at = CASE WHEN :now - active_at >= :clock_step THEN :now ELSE active_at END,
     interrupt_at = CASE WHEN :checkpoint_ns <> '' OR interrupt_at >= :checkpoint_id THEN interrupt_at END
 WHERE tid = :tid
+  AND (:now - active_at >= :clock_step OR (:checkpoint_ns = '' AND interrupt_at < :checkpoint_id))
 """
 
 # --- put_writes --------------------------------------------------------------------------

@@ -1,8 +1,10 @@
 -- threadkeep SQLite schema, version 6: the thread listing reads an index (SPEC SV1, SV3).
--- See the Postgres migration 0012: active_at becomes the thread's waiting clock (every put
--- moves it, TOUCH_THREAD, in the put's transaction), interrupt_at names the newest root
--- checkpoint while it holds an interrupt write, and state (a virtual column: SQLite cannot
--- add a stored one) folds it with finished_due: 2 interrupted, 1 finished, 0 waiting.
+-- See the Postgres migration 0012: active_at becomes the thread's listed write time (a put
+-- moves it, TOUCH_THREAD, in the put's transaction, once it is 60 s or more behind: fewer
+-- index writes), interrupt_at names the newest root checkpoint while it holds an interrupt
+-- write, and state (a virtual column: adding it rewrites nothing; the indexes store it)
+-- folds it with finished_due: 2 interrupted, 1 finished, 0 waiting. The backfill reads
+-- every checkpoint once, in the migration's write transaction.
 ALTER TABLE tk_threads ADD COLUMN interrupt_at TEXT;
 ALTER TABLE tk_threads ADD COLUMN state INTEGER GENERATED ALWAYS AS (
     CASE WHEN interrupt_at IS NOT NULL THEN 2 WHEN finished_due IS NOT NULL THEN 1 ELSE 0 END
