@@ -958,7 +958,10 @@ def interrupted(space: KeySpace, thread_ids: Sequence[str], since: float | None)
 # the rows' threads (summary.lua, every row of a page in one round trip) and drops, from the
 # index too, the entries whose thread is gone or has another owner. What no listing meets
 # leaves with the platform's waiting horizon: each write drops the entries older than it and
-# re-arms the index keys' TTL to it (listing.lua "add").
+# re-arms the index keys' TTL to it (listing.lua "add"). The index's time is the waiting
+# clock (a put, a run's start), as the SQL sweep counts it: a thread whose keys a later
+# put_writes, park or tool call kept alive (a step's length after its last put) leaves the
+# index that much before its keys expire.
 
 # A ZSET bound for an unbounded side (Lua's tonumber does not read "inf" everywhere).
 _FAR: Final = 1e300
