@@ -114,7 +114,8 @@ def writer_during_delete(monkeypatch: pytest.MonkeyPatch) -> Any:
 
         def execute(client: Any, request: Any) -> Any:
             reply = original(client, request)
-            if getattr(request, "name", None) == "delete":
+            sent = getattr(request, "requests", (request,))  # a Pipeline's, or the one request
+            if any(getattr(one, "name", None) == "delete" for one in sent):
                 for _ in range(next(rounds, 0)):
                     saver.put(
                         {"configurable": {"thread_id": "busy", "checkpoint_ns": ""}},
@@ -755,3 +756,139 @@ def test_sv1_a_refused_put_leaves_the_listing_index_as_it_was(open_saver: Opener
     assert client.zscore(space.listing_key, "kept") == placed
     assert client.zscore(space.owner_listing_key("alice"), "kept") == placed
     assert client.zscore(space.owner_listing_key("mallory"), "kept") is None
+
+
+class _Clock:
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _indexed(saver: Any, *owners: str) -> dict[str, set[str]]:
+    """What the listing's indexes hold: every thread's ("*"), and each of ``owners``'."""
+    client, space = raw(saver), saver.backend.space
+    keys = {"*": space.listing_key} | {owner: space.owner_listing_key(owner) for owner in owners}
+    return {name: {member.decode() for member in client.zrange(key, 0, -1)} for name, key in keys.items()}
+
+
+def test_r2_the_listing_index_lives_no_longer_than_its_threads(open_saver: Opener) -> None:
+    """The index keys carry the waiting horizon as their TTL, re-armed by each write, and a
+    write drops the entries written longer ago than that horizon: an index whose threads all
+    expired expires too, and one still written to holds no entry older than its threads."""
+    clock = _Clock(time.time())
+    saver = open_saver(clock=clock)
+    horizon = saver.backend.ttl_ms
+    client, space = raw(saver), saver.backend.space
+    metadata: Any = {"source": "input", "step": -1}
+    saver.put(_config("old", "alice"), _checkpoint(), metadata, {})
+    for key in (space.listing_key, space.owner_listing_key("alice")):
+        assert 0 < client.pttl(key) <= horizon
+        client.pexpire(key, 1_000)  # as if most of the horizon had passed
+    clock.now += horizon / 1000 + 1  # "old" expired on its TTL meanwhile
+    client.delete(*thread_keys(saver, "old"))
+    saver.put(_config("new", "alice"), _checkpoint(), metadata, {})
+    for key in (space.listing_key, space.owner_listing_key("alice")):
+        assert client.pttl(key) > horizon - 60_000  # re-armed
+    assert _indexed(saver, "alice") == {"*": {"new"}, "alice": {"new"}}
+
+
+def test_sv1_threads_gone_leave_both_indexes(open_saver: Opener) -> None:
+    """A thread whose keys are gone leaves every thread's index and its owner's: an
+    operator's listing drops it from every thread's, its owner's listing from both, an
+    operator's delete from both."""
+    from threadkeep import operator_scope, user_scope
+    from threadkeep.threads import ThreadQuery
+
+    saver = open_saver()
+    metadata: Any = {"source": "input", "step": -1}
+    for thread_id in ("kept", "expired", "deleted"):
+        saver.put(_config(thread_id, "alice"), _checkpoint(), metadata, {})
+    raw(saver).delete(*thread_keys(saver, "expired"))  # as its TTL does
+    with operator_scope():
+        saver.delete_thread("deleted")
+        assert _indexed(saver, "alice") == {"*": {"kept", "expired"}, "alice": {"kept", "expired"}}
+        assert [thread.thread_id for thread in saver.threads(ThreadQuery()).threads] == ["kept"]
+    assert _indexed(saver, "alice")["*"] == {"kept"}
+    with user_scope("alice"):
+        assert [thread.thread_id for thread in saver.threads(ThreadQuery()).threads] == ["kept"]
+    assert _indexed(saver, "alice") == {"*": {"kept"}, "alice": {"kept"}}
+
+
+def test_sv1_a_page_over_threads_gone_reads_a_bounded_number_of_them(
+    open_saver: Opener, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Entries of threads gone, newer than every live thread: a page reads at most
+    SCAN_BOUND of them and ends short, with a cursor that goes on; the pages after it find
+    the live threads, and the index is left without the entries read."""
+    from threadkeep import operator_scope
+    from threadkeep.core.listing import SCAN_BOUND
+    from threadkeep.threads import ThreadQuery
+
+    saver = open_saver()
+    metadata: Any = {"source": "input", "step": -1}
+    for thread_id in ("first", "second"):
+        saver.put(_config(thread_id, "alice"), _checkpoint(), metadata, {})
+    client, space = raw(saver), saver.backend.space
+    newest = time.time() + 100
+    gone = 2 * SCAN_BOUND + 500
+    client.zadd(space.listing_key, {f"gone-{n:05}": newest + n for n in range(gone)})
+
+    engine = saver.backend.engine
+    original = engine._execute
+    summaries: list[int] = []
+
+    def execute(client: Any, request: Any) -> Any:
+        sent = getattr(request, "requests", (request,))
+        summaries.append(sum(getattr(one, "name", None) == "summary" for one in sent))
+        return original(client, request)
+
+    monkeypatch.setattr(engine, "_execute", execute)
+    pages = []
+    with operator_scope():
+        query = ThreadQuery(limit=10)
+        while True:
+            summaries.clear()
+            page = saver.threads(query)
+            assert sum(summaries) <= SCAN_BOUND + 1
+            pages.append([thread.thread_id for thread in page.threads])
+            if page.next_cursor is None:
+                break
+            query = ThreadQuery(limit=10, cursor=page.next_cursor)
+    assert pages == [[], [], ["second", "first"]]
+    assert _indexed(saver)["*"] == {"first", "second"}
+
+
+def test_sv1_a_thread_handed_to_another_owner_stays_listed(open_saver: Opener) -> None:
+    """assign_owner moves the thread from its owner's index to the new owner's; an entry
+    the old owner's index still holds (as an index written before this held) leaves that
+    index only when the old owner lists: the operator and the new owner still see it."""
+    from threadkeep import operator_scope, user_scope
+    from threadkeep.threads import ThreadQuery
+
+    saver = open_saver()
+    metadata: Any = {"source": "input", "step": -1}
+    saver.put(_config("handed", "alice"), _checkpoint(), metadata, {})
+    saver.put(_config("stale", "alice"), _checkpoint(), metadata, {})
+    with operator_scope():
+        before = saver.assign_owner(["handed", "stale"], "bob", force=True)
+    assert before == {"handed": "alice", "stale": "alice"}
+    assert _indexed(saver, "alice", "bob") == {
+        "*": {"handed", "stale"},
+        "alice": set(),
+        "bob": {"handed", "stale"},
+    }
+    client, space = raw(saver), saver.backend.space
+    client.zadd(space.owner_listing_key("alice"), {"stale": time.time()})  # left behind
+    with user_scope("alice"):
+        assert saver.threads(ThreadQuery()).threads == []
+    assert _indexed(saver, "alice", "bob") == {
+        "*": {"handed", "stale"},
+        "alice": set(),
+        "bob": {"handed", "stale"},
+    }
+    with operator_scope():
+        assert {thread.thread_id for thread in saver.threads(ThreadQuery()).threads} == {"handed", "stale"}
+    with user_scope("bob"):
+        assert {thread.thread_id for thread in saver.threads(ThreadQuery()).threads} == {"handed", "stale"}

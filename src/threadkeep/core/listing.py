@@ -5,7 +5,9 @@ A store answers a :class:`ThreadScan` with :class:`ThreadRow` s, newest write fi
 index (``Backend.thread_rows``); :func:`page_program` asks it for as many as a page needs,
 keeps the rows that pass the filters an index cannot apply (metadata; on Redis, the status),
 and stops after :data:`SCAN_BOUND` rows, so one page costs a bounded read whatever the
-store holds. See :mod:`threadkeep.threads` for the contract.
+store holds. A store whose index may hold entries of threads that are gone (Redis: keys
+expire on their TTL) reads at most :data:`SCAN_BOUND` entries a scan and says where it
+stopped (:class:`ThreadRows`). See :mod:`threadkeep.threads` for the contract.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ __all__ = [
     "SCAN_BOUND",
     "STATE_OF",
     "ThreadRow",
+    "ThreadRows",
     "ThreadScan",
     "page_program",
     "status_of",
@@ -31,7 +34,8 @@ __all__ = [
 ]
 
 # How many index rows one page reads at most when rows are filtered after the index (a
-# metadata filter; a status filter on Redis): past it, the page ends short, with a cursor.
+# metadata filter; a status filter on Redis; entries of threads gone, on Redis): past it,
+# the page ends short, with a cursor.
 SCAN_BOUND: Final = 1000
 # How far a thread's listed write time (the SQL stores' tk_threads.active_at) may lag its
 # newest put, in seconds: a put moves it only once it is this far behind, so most puts leave
@@ -117,6 +121,16 @@ class ThreadRow:
         return Cursor(self.written_at, self.thread_id)
 
 
+class ThreadRows(list[ThreadRow]):
+    """An index read's rows, when the store stopped reading before it had ``scan.limit``
+    of them while its index may hold more (it read :data:`SCAN_BOUND` entries, many of
+    threads gone): ``stopped_at`` is the last entry it read, where the next read goes on."""
+
+    def __init__(self, rows: list[ThreadRow], stopped_at: Cursor) -> None:
+        super().__init__(rows)
+        self.stopped_at = stopped_at
+
+
 def status_of(row: ThreadRow) -> ThreadStatus:
     """The thread's status, first match wins: parked, interrupted, finished, waiting."""
     if row.parked_until is not None:
@@ -164,7 +178,8 @@ def page_program(
     Without a metadata filter a page is one read of ``limit + 1`` rows (the one more tells
     whether a next page exists). With one, reads go on until the page is full or
     :data:`SCAN_BOUND` rows were read; the page may then be short, or empty, with a
-    ``next_cursor`` that goes on from the last row read.
+    ``next_cursor`` that goes on from the last row read. So does a read that stopped short
+    (:class:`ThreadRows`).
     """
     wanted = filter_as_stored(query.metadata)
     cursor = query.cursor
@@ -184,6 +199,7 @@ def page_program(
         if cursor is not None:
             scan = replace(scan, at=cursor.written_at, after_id=cursor.thread_id)
         rows = yield from read(scan)
+        stopped = rows.stopped_at if isinstance(rows, ThreadRows) else None
         for row in rows:
             if len(found) == query.limit:  # a row beyond the page: there is a next one
                 return ThreadPage(found, Cursor(found[-1].written_at, found[-1].thread_id))
@@ -195,6 +211,8 @@ def page_program(
             if wanted is not None and not matches_filter(summary.metadata, wanted):
                 continue
             found.append(summary)
+        if stopped is not None:  # the store read its bound of entries: a short page
+            return ThreadPage(found, stopped)
         if len(rows) < scan.limit:  # the index has no more
             return ThreadPage(found, None)
         if scanned >= SCAN_BOUND:

@@ -114,7 +114,7 @@ class RedisBackend:
     def assign_owner(
         self, thread_ids: Sequence[str], user: str, force: bool
     ) -> Program[dict[str, str | None]]:
-        return self._programs.assign_owner(self.space, thread_ids, user, force)
+        return self._programs.assign_owner(self.space, thread_ids, user, force, self.ttl_ms)
 
     # retention (SPEC RT1-RT5, SW1-SW8) ----------------------------------------------------------
 

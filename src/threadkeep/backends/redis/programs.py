@@ -19,7 +19,7 @@ from threadkeep.backends.redis.engine import Command, Pipeline, Scan, Script
 from threadkeep.backends.redis.keys import KeySpace
 from threadkeep.backends.sql.programs import FORMAT_GENERATION, READABLE_GENERATIONS
 from threadkeep.core.identity import ANONYMOUS, Actor
-from threadkeep.core.listing import ThreadRow, ThreadScan
+from threadkeep.core.listing import SCAN_BOUND, ThreadRow, ThreadRows, ThreadScan
 from threadkeep.core.messages import ContentCache, EncodingMemo, chain_tail, split_digests
 from threadkeep.core.program import Program
 from threadkeep.core.records import (
@@ -40,6 +40,7 @@ from threadkeep.errors import (
     StorageError,
     StorageForbiddenError,
 )
+from threadkeep.threads import Cursor
 
 __all__ = [
     "assign_owner",
@@ -202,7 +203,8 @@ def put(space: KeySpace, step: PutStep, ttl_ms: int) -> Program[RunnableConfig]:
     while tries < _PUT_TRIES:
         request = Script("put", keys, _put_args(step, ttl_ms, known))
         if held is None:
-            reply, held = yield Pipeline((request, _listed(space, target.thread_id, writer, step.now)))
+            listed = _listed(space, target.thread_id, writer, step.now, ttl_ms)
+            reply, held = yield Pipeline((request, listed))
         else:
             reply = yield request
         status = reply[0]
@@ -211,7 +213,7 @@ def put(space: KeySpace, step: PutStep, ttl_ms: int) -> Program[RunnableConfig]:
             if owner != writer:  # an operator's write of another user's thread
                 yield Pipeline(
                     (
-                        _listed(space, target.thread_id, owner, step.now),
+                        _listed(space, target.thread_id, owner, step.now, ttl_ms),
                         _unlist(space, target.thread_id, writer, step.now, held, owner_only=True),
                     )
                 )
@@ -524,14 +526,17 @@ def delete_thread(space: KeySpace, thread_id: str, owner: str | None) -> Program
     Raises:
         StorageForbiddenError: the thread belongs to another user than ``owner``.
     """
-    deleted = yield Script("delete", space.thread(thread_id), [owner or "", ""])
+    keys = space.thread(thread_id)
+    # the owner as the delete finds it, read in its round trip: the thread leaves its index
+    delete = Script("delete", keys, [owner or "", ""])
+    held, deleted = yield Pipeline((Command(("HGET", keys[0], "owner")), delete))
     if deleted == _NOT_YOURS:
         raise StorageForbiddenError(thread_id, owner or "", action="delete")
     if not deleted and owner is not None:
         return False
     yield Command(("ZREM", space.finished_key, thread_id))  # its finished mark (SW5); an
     # operator's delete also drops a mark whose keys expired
-    yield _unlisted(space, thread_id, owner)
+    yield _unlisted(space, thread_id, owner or (None if held is None else bytes(held).decode()))
     return bool(deleted)
 
 
@@ -634,15 +639,17 @@ def copy_thread(
         raise StorageForbiddenError(target, actor.user_id, action="copy onto")
     owner = yield Command(("HGET", space.thread(target)[0], "owner"))
     if owner is not None:
-        yield _listed(space, target, owner.decode(), now)
+        yield _listed(space, target, owner.decode(), now, ttl_ms)
     return True
 
 
 def assign_owner(
-    space: KeySpace, thread_ids: Sequence[str], user: str, force: bool
+    space: KeySpace, thread_ids: Sequence[str], user: str, force: bool, ttl_ms: int
 ) -> Program[dict[str, str | None]]:
     """Hand ``thread_ids`` to ``user``, each in one script; returns each thread's owner before
-    (``None``: the store holds no such thread).
+    (``None``: the store holds no such thread). The listing's index moves the thread from
+    its owner's index to ``user``'s in the script's round trip (its owner as read before;
+    when the script finds another, or refuses, a second call sets the index right).
 
     Raises:
         StorageForbiddenError: without ``force``, a thread belongs to another user than the
@@ -658,15 +665,27 @@ def assign_owner(
     check_handover(owners, user, force)
     before: dict[str, str | None] = {}
     for thread_id in wanted:
-        reply = yield Script("assign", space.thread(thread_id), [user, "1" if force else "0", ANONYMOUS])
+        assign = Script("assign", space.thread(thread_id), [user, "1" if force else "0", ANONYMOUS])
+        expected = owners.get(thread_id)
+        if expected is None:  # no such thread when checked: nothing to move
+            reply = yield assign
+        else:
+            reply, _ = yield Pipeline((assign, _moved(space, thread_id, expected, user, ttl_ms)))
         if reply[0] == b"refused":
-            check_handover({thread_id: reply[1].decode()}, user, force)
-        before[thread_id] = reply[1].decode() if reply[0] == b"ok" else None
-        written = yield Command(("ZSCORE", space.listing_key, thread_id))
-        if before[thread_id] not in (None, user) and written is not None:
-            # the new owner's index lists it; the old owner's entry is dropped where a
-            # listing meets it (thread_rows checks every row's owner)
-            yield _listed(space, thread_id, user, float(written))
+            # its owner changed since the check: the index's move was not the owner's
+            if expected is not None:
+                yield _unlisted(space, thread_id, user, owner_only=True)
+            check_handover({thread_id: reply[1].decode()}, user, force)  # raises
+            before[thread_id] = None
+            continue
+        if reply[0] != b"ok":
+            before[thread_id] = None
+            if expected is not None:  # gone since the check
+                yield _unlisted(space, thread_id, user)
+            continue
+        before[thread_id] = reply[1].decode()
+        if before[thread_id] != expected:  # another owner than checked: move from theirs
+            yield _moved(space, thread_id, reply[1].decode(), user, ttl_ms)
     return before
 
 
@@ -767,7 +786,7 @@ def start_thread(
     if reply[0] == b"forbidden":
         raise StorageForbiddenError(thread_id, actor.user_id)
     yield Command(("ZREM", space.finished_key, thread_id))
-    yield _listed(space, thread_id, reply[1].decode(), now)
+    yield _listed(space, thread_id, reply[1].decode(), now, ttl_ms)
 
 
 def thread_retention(
@@ -937,15 +956,29 @@ def interrupted(space: KeySpace, thread_ids: Sequence[str], since: float | None)
 # after it), and an entry may outlive its thread or precede it (keys expire on their TTL,
 # SPEC R2; a process may stop, or a connection drop, between the two calls). A listing reads
 # the rows' threads (summary.lua, every row of a page in one round trip) and drops, from the
-# index too, the entries whose thread is gone or has another owner.
+# index too, the entries whose thread is gone or has another owner. What no listing meets
+# leaves with the platform's waiting horizon: each write drops the entries older than it and
+# re-arms the index keys' TTL to it (listing.lua "add"). The index's time is the waiting
+# clock (a put, a run's start), as the SQL sweep counts it: a thread whose keys a later
+# put_writes, park or tool call kept alive (a step's length after its last put) leaves the
+# index that much before its keys expire.
 
 # A ZSET bound for an unbounded side (Lua's tonumber does not read "inf" everywhere).
 _FAR: Final = 1e300
 
 
-def _listed(space: KeySpace, thread_id: str, owner: str, written_at: float) -> Script:
+def _listed(space: KeySpace, thread_id: str, owner: str, written_at: float, horizon_ms: int) -> Script:
+    """List the thread at ``written_at`` in every thread's index and ``owner``'s; the indexes
+    drop what was written longer than ``horizon_ms`` (the platform's waiting retention, the
+    longest any thread's keys live without a write) before, and live that long (SPEC R2)."""
     keys = (space.listing_key, space.owner_listing_key(owner))
-    return Script("listing", keys, ["add", thread_id, repr(float(written_at))])
+    return Script("listing", keys, ["add", thread_id, repr(float(written_at)), horizon_ms])
+
+
+def _moved(space: KeySpace, thread_id: str, owner: str, user: str, horizon_ms: int) -> Script:
+    """Move the thread from ``owner``'s index to ``user``'s, at its place in every thread's."""
+    keys = (space.listing_key, space.owner_listing_key(owner), space.owner_listing_key(user))
+    return Script("listing", keys, ["move", thread_id, horizon_ms])
 
 
 def _unlist(
@@ -966,9 +999,13 @@ def _unlist(
     return Script("listing", keys, ["restore", thread_id, repr(float(written_at)), *before])
 
 
-def _unlisted(space: KeySpace, thread_id: str, owner: str | None) -> Script:
+def _unlisted(space: KeySpace, thread_id: str, owner: str | None, *, owner_only: bool = False) -> Script:
+    """Drop the thread from every thread's index and ``owner``'s (``None``: not known, only
+    from every thread's; its owner's entry leaves with the horizon, see :func:`_listed`);
+    ``owner_only``: from ``owner``'s only (the thread lives on, another user's)."""
     owned = space.owner_listing_key(owner) if owner else space.listing_key
-    return Script("listing", (space.listing_key, owned), ["remove", thread_id])
+    every = owned if owner_only else space.listing_key
+    return Script("listing", (every, owned), ["remove", thread_id])
 
 
 def _bound(value: float) -> str:
@@ -979,15 +1016,26 @@ def thread_rows(space: KeySpace, scan: ThreadScan) -> Program[list[ThreadRow]]:
     """The threads after the scan's cursor, newest write first: a page of the owner's (or
     every thread's) index, then the rows' threads (one summary.lua each, all in one round
     trip) for what the listing shows. Entries whose thread is gone are dropped from the
-    index with the next page's read (or after the last). The status is not indexed on Redis:
-    rows of every status come back, and the listing filters them."""
+    index (every thread's, and the owner's when the owner's is read) with the next page's
+    read (or after the last); an entry of a thread another owner holds now, from the owner's
+    index only. The status is not indexed on Redis: rows of every status come back, and the
+    listing filters them. At most :data:`SCAN_BOUND` entries are read (``scan.limit`` if
+    more): past them, the rows come back short, as :class:`ThreadRows` naming the last."""
     index = space.listing_key if scan.owner is None else space.owner_listing_key(scan.owner)
+    bound = max(SCAN_BOUND, scan.limit)
     rows: list[ThreadRow] = []
     stale: list[Script] = []  # entries of threads gone, or handed to another owner
     at, after_id = scan.at, scan.after_id
+    read = 0
     while len(rows) < scan.limit:
+        if read >= bound:
+            if stale:
+                yield Pipeline(tuple(stale))
+            return ThreadRows(rows, Cursor(at, after_id))
         wanted = scan.limit - len(rows)
-        args = ["page", _bound(at), after_id, _bound(scan.written_after), _bound(scan.written_before), wanted]
+        # past entries of threads gone, read more at once: as many as read so far
+        size = min(bound - read, max(wanted, read))
+        args = ["page", _bound(at), after_id, _bound(scan.written_after), _bound(scan.written_before), size]
         *_, reply = yield Pipeline((*stale, Script("listing", (index, index), args)))
         stale = []
         entries = [(reply[i].decode(), float(reply[i + 1])) for i in range(0, len(reply), 2)]
@@ -995,9 +1043,15 @@ def thread_rows(space: KeySpace, scan: ThreadScan) -> Program[list[ThreadRow]]:
             tuple(Script("summary", space.thread(thread_id), [scan.now]) for thread_id, _ in entries)
         )
         for (thread_id, written_at), found in zip(entries, summaries, strict=True):
+            if len(rows) == scan.limit:  # read beyond the rows wanted: the next scan reads it
+                break
+            read += 1
             at, after_id = written_at, thread_id
-            if not found or (scan.owner is not None and found[0].decode() != scan.owner):
+            if not found:
                 stale.append(_unlisted(space, thread_id, scan.owner))
+                continue
+            if scan.owner is not None and found[0].decode() != scan.owner:
+                stale.append(_unlisted(space, thread_id, scan.owner, owner_only=True))
                 continue
             owner, due, waiting_ms, until, interrupted, record, ttl = found
             rows.append(
@@ -1013,7 +1067,7 @@ def thread_rows(space: KeySpace, scan: ThreadScan) -> Program[list[ThreadRow]]:
                     expires_at=scan.now + int(ttl) / 1000 if int(ttl) >= 0 else None,
                 )
             )
-        if len(entries) < wanted:
+        if len(entries) < size:
             break
     if stale:
         yield Pipeline(tuple(stale))
