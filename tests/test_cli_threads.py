@@ -4,6 +4,7 @@ driven in-process with click's runner on sqlite and postgres."""
 
 from __future__ import annotations
 
+import base64
 import datetime as dt
 import json
 import re
@@ -303,6 +304,19 @@ def test_sv3_threads_exit_codes_missing_thread_4_bad_input_2(seeded: Seeded) -> 
     assert run("list", "--since", "yesterday").exit_code == 2
     assert run("list", "--metadata", "novalue").exit_code == 2
     assert run("list", "--status", "asleep").exit_code == 2
+
+
+def test_sv3_threads_invalid_filters_and_cursors_exit_2_as_the_help_promises(seeded: Seeded) -> None:
+    # A metadata filter the store refuses is a ConfigurationError (kind "invalid"): usage, 2.
+    nan = run("list", "--metadata", "a=NaN")
+    assert nan.exit_code == 2, nan.output
+    assert "filter.a" in nan.stderr
+    assert "NaN" in nan.stderr
+    for raw in ('[NaN,"a-1"]', '[Infinity,"a-1"]', '[1,"\\u0000"]'):
+        cursor = base64.urlsafe_b64encode(raw.encode()).decode()
+        refused = run("list", "--cursor", cursor)
+        assert refused.exit_code == 2, (raw, refused.output)
+        assert "is not one a thread listing returned" in refused.stderr
 
 
 def test_sv3_threads_provider_and_conn_flags_override_the_settings(

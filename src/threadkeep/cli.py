@@ -26,7 +26,6 @@ import click
 
 from threadkeep.errors import (
     CheckpointStoreFormatError,
-    InvalidInputError,
     StorageError,
     ThreadkeepError,
     ThreadNotFoundError,
@@ -46,8 +45,8 @@ EXIT_UNAVAILABLE = 5
 
 EXIT_CODES_HELP = (
     "Exit codes: 0 ok; 1 an error the message explains; 2 bad usage or invalid input (an "
-    "option, cursor, time or id); 3 the store needs a reset; 4 no such thread or checkpoint; 5 "
-    "the store is unavailable."
+    "option, setting, filter, cursor, time or id); 3 the store needs a reset; 4 no such thread "
+    "or checkpoint; 5 the store is unavailable."
 )
 
 
@@ -60,9 +59,6 @@ class _Group(click.Group):
         except CheckpointStoreFormatError as error:
             click.echo(f"error: {error}", err=True)
             sys.exit(EXIT_NEEDS_RESET)
-        except InvalidInputError as error:
-            click.echo(f"error: {error}", err=True)
-            sys.exit(EXIT_USAGE)
         except ThreadNotFoundError as error:
             click.echo(f"error: {error}", err=True)
             sys.exit(EXIT_NOT_FOUND)
@@ -72,7 +68,8 @@ class _Group(click.Group):
             sys.exit(EXIT_UNAVAILABLE if error.kind == "unavailable" else EXIT_ERROR)
         except ThreadkeepError as error:
             click.echo(f"error: {error}", err=True)
-            sys.exit(EXIT_ERROR)
+            # Invalid input of any kind (a setting, a filter, a cursor, a retention): usage.
+            sys.exit(EXIT_USAGE if error.kind == "invalid" else EXIT_ERROR)
 
 
 @click.group(cls=_Group, epilog=EXIT_CODES_HELP)

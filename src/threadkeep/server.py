@@ -62,7 +62,7 @@ from threadkeep.sweep import sweep_checkpoints
 from threadkeep.threads import MAX_PAGE, STATUSES, Cursor, ThreadQuery, ThreadStatus
 from threadkeep.views import diff_view, history_view, retention_view, state_view
 
-__all__ = ["API", "STATUS", "ApiKey", "Endpoint", "create_app", "openapi", "parse_api_keys"]
+__all__ = ["API", "STATUS", "ApiKey", "Endpoint", "checked_keys", "create_app", "openapi", "parse_api_keys"]
 
 logger = logging.getLogger("threadkeep.server")
 
@@ -110,6 +110,37 @@ def parse_api_keys(spec: str | None) -> dict[str, ApiKey]:
                 context={"variable": "LLM_PROVIDER_CHECKPOINT_API_KEYS", "entry": position},
             )
         keys[parts[0]] = ApiKey(parts[1], parts[2])
+    return keys
+
+
+def checked_keys(settings: Settings, *, isolated: bool | None = None) -> dict[str, ApiKey]:
+    """The API keys of ``settings``, refused if a ``user`` key could see other users' threads.
+
+    Args:
+        settings: The settings to serve.
+        isolated: Whether the served store keeps owners apart (default: the settings'
+            ``LLM_PROVIDER_CHECKPOINT_USER_ISOLATION``).
+
+    Raises:
+        ConfigurationError: an entry is malformed (:func:`parse_api_keys`), or a ``user``-role
+            key is configured while user isolation is off: with no owners kept apart, that
+            key would list, read and delete every user's threads.
+    """
+    keys = parse_api_keys(settings.api_keys)
+    isolated = settings.enforce_user_isolation if isolated is None else isolated
+    users = sorted({key.user for key in keys.values() if key.role == "user"})
+    if users and not isolated:
+        raise ConfigurationError(
+            "LLM_PROVIDER_CHECKPOINT_API_KEYS holds user-role keys (for "
+            f"{', '.join(repr(user) for user in users[:5])}) while "
+            "LLM_PROVIDER_CHECKPOINT_USER_ISOLATION is false: with owners not kept apart, a user "
+            "key would see and delete every user's threads. Turn isolation on "
+            "(LLM_PROVIDER_CHECKPOINT_USER_ISOLATION=true), or give only admin keys",
+            context={
+                "variables": ["LLM_PROVIDER_CHECKPOINT_API_KEYS", "LLM_PROVIDER_CHECKPOINT_USER_ISOLATION"],
+                "users": users[:5],
+            },
+        )
     return keys
 
 
@@ -181,12 +212,6 @@ API: Final[tuple[Endpoint, ...]] = (
     ),
     Endpoint(
         "GET",
-        f"{_THREAD}/checkpoints/{{checkpoint_id}}",
-        "thread_checkpoint",
-        "one checkpoint (a state view)",
-    ),
-    Endpoint(
-        "GET",
         f"{_THREAD}/diff",
         "thread_diff",
         "what changed from checkpoint a to checkpoint b",
@@ -194,6 +219,14 @@ API: Final[tuple[Endpoint, ...]] = (
     ),
     Endpoint(
         "GET", f"{_THREAD}/retention", "thread_retention", "the thread's status, due time, and what spares it"
+    ),
+    # After the routes above: a thread id may hold "/", so ".../checkpoints/state" is the
+    # state of thread ".../checkpoints" (a checkpoint id is never "state", "history", ...).
+    Endpoint(
+        "GET",
+        f"{_THREAD}/checkpoints/{{checkpoint_id}}",
+        "thread_checkpoint",
+        "one checkpoint (a state view)",
     ),
     Endpoint("DELETE", _THREAD, "delete_thread", "delete the thread whole", returns=(204, "no body")),
     Endpoint(
@@ -374,7 +407,7 @@ class _Service:
 
     def __init__(self, settings: Settings, saver: ThreadkeepSaver | None, metrics: Metrics) -> None:
         self.settings = settings
-        self.keys = parse_api_keys(settings.api_keys)
+        self.keys = checked_keys(settings, isolated=None if saver is None else saver.enforce_user_isolation)
         self.metrics = metrics
         self._given = saver
         self._saver = saver
@@ -417,9 +450,10 @@ class _Service:
             return sweep_checkpoints(self.saver, dry_run=dry_run, metrics=self.metrics).to_dict()
 
     def replace_settings(self, settings: Settings) -> None:
+        keys = checked_keys(settings)  # before anything changes: a refused write changes nothing
         with self._sweeping, self._opening:
             old, self._saver = self._saver, None
-            self.settings, self.keys = settings, parse_api_keys(settings.api_keys)
+            self.settings, self.keys = settings, keys
             if old is not None and old is not self._given:
                 old.close()
             self._given = None
@@ -692,7 +726,9 @@ def create_app(
     guarded = {e.name: json_route(getattr(routes, e.name)) for e in API if e.access != "public"}
     table = [
         Route(
-            endpoint.path,
+            # A thread id may hold "/" (ids are any text, docs/operations.md): the thread id
+            # takes the path up to the route's fixed suffix, the longest such match.
+            endpoint.path.replace("{thread_id}", "{thread_id:path}"),
             public[endpoint.name]
             if endpoint.access == "public"
             else authenticated(guarded[endpoint.name], admin=endpoint.access == "admin"),
@@ -710,7 +746,29 @@ def create_app(
 
     table += inspector.routes(identify)
     # -- end of the inspector page ---------------------------------------------------------------
-    return Starlette(lifespan=lifespan, routes=table)
+
+    return Starlette(lifespan=lifespan, routes=table, exception_handlers={404: _no_route, 405: _no_route})
+
+
+async def _no_route(request: Any, error: Exception) -> Any:
+    """An unknown path (404) or method (405), answered as JSON like every refusal."""
+    from starlette.responses import JSONResponse
+
+    status = getattr(error, "status_code", 404)
+    if status == 405:
+        body = {
+            "error": "MethodNotAllowed",
+            "code": "HTTP_405",
+            "message": f"{request.method} is not a method of {request.url.path}: see /openapi.json "
+            "for each route's methods",
+        }
+    else:
+        body = {
+            "error": "NotFound",
+            "code": "HTTP_404",
+            "message": f"no route {request.url.path}: the routes are listed at /openapi.json",
+        }
+    return JSONResponse(body, status_code=status, headers=getattr(error, "headers", None))
 
 
 def serve(host: str = "127.0.0.1", port: int = 8420) -> None:
