@@ -224,8 +224,16 @@ def test_sv3_threads_show_json_is_the_state_and_retention_views(seeded: Seeded) 
             assert retention is not None
             now = saver.clock()
             parked = thread_id in saver.live_parks([thread_id], now)
-            kept = retention_view(head, *retention, saver.retention, now=now, parked=parked)
+            row = saver.thread_row(thread_id)
+            kept = retention_view(head, *retention, saver.retention, now=now, parked=parked, row=row)
+            listed = {t.thread_id: t for t in saver.threads(ThreadQuery(limit=50)).threads}[thread_id]
         assert shown == json.loads(json.dumps({"state": state_view(head), "retention": kept}))
+        # the same due time, waiting clock and status as the listing (and the sweep) count
+        assert (kept["due"], kept["written_at"], kept["status"]) == (
+            listed.due,
+            listed.written_at,
+            listed.status,
+        )
     assert ok_json("show", "c-ask")["state"]["interrupts"][0]["value"] == "approve REFUND 40 EUR?"
     assert ok_json("show", "c-ask")["retention"]["status"] == "interrupted"
     assert ok_json("show", "b-1")["retention"]["status"] == "finished"

@@ -20,7 +20,7 @@ from starlette.routing import Route
 from starlette.testclient import TestClient
 
 from tests.providers import Opener
-from threadkeep import Settings, ThreadkeepSaver, operator_scope
+from threadkeep import Settings, ThreadkeepSaver, operator_scope, user_scope
 from threadkeep.server import create_app, openapi
 
 pytestmark = pytest.mark.providers("sqlite", "postgres", "memory", "redis", "tiered")
@@ -440,3 +440,23 @@ def test_sv1_an_unknown_route_or_method_answers_json(client: TestClient) -> None
     assert wrong.status_code == 405
     assert {"error", "message"} <= set(wrong.json())
     assert "GET" in wrong.headers["allow"]
+
+
+@pytest.mark.providers("sqlite", "postgres", "tiered")
+def test_sv1_retention_due_and_status_are_the_listings_after_a_run_starts(
+    client: TestClient, saver: ThreadkeepSaver
+) -> None:
+    time.sleep(0.05)
+    with user_scope("bob"):
+        saver.start_threads(["b1"])  # a run starts: the waiting clock moves past the newest checkpoint
+    listed = {t["thread_id"]: t for t in client.get("/api/threads", headers=auth(ADMIN)).json()["threads"]}
+    for thread_id, key in (("b1", BOB), ("a1", ALICE)):
+        retention = client.get(f"/api/threads/{thread_id}/retention", headers=auth(key)).json()
+        row = listed[thread_id]
+        assert (retention["due"], retention["written_at"], retention["status"]) == (
+            row["due"],
+            row["written_at"],
+            row["status"],
+        )
+    newest = client.get("/api/threads/b1/state", headers=auth(BOB)).json()["created_at"]
+    assert listed["b1"]["written_at"] > newest

@@ -39,7 +39,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mappin
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
-from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import CheckpointTuple
 
 from threadkeep.core.identity import operator_scope, user_scope
@@ -60,7 +59,8 @@ from threadkeep.saver import ThreadkeepSaver
 from threadkeep.settings import Settings
 from threadkeep.sweep import sweep_checkpoints
 from threadkeep.threads import MAX_PAGE, STATUSES, Cursor, ThreadQuery, ThreadStatus
-from threadkeep.views import diff_view, history_view, retention_view, state_view
+from threadkeep.views import diff_view, state_view
+from threadkeep.window import ahistory_page, aretention_of, root_config
 
 __all__ = ["API", "STATUS", "ApiKey", "Endpoint", "checked_keys", "create_app", "openapi", "parse_api_keys"]
 
@@ -387,14 +387,6 @@ def _status(params: Mapping[str, str]) -> ThreadStatus | None:
     return text
 
 
-def _root(thread_id: str, checkpoint_id: str | None = None) -> RunnableConfig:
-    """The config of a thread's root graph (namespace ``""``), or of one checkpoint of it."""
-    configurable: dict[str, Any] = {"thread_id": thread_id, "checkpoint_ns": ""}
-    if checkpoint_id is not None:
-        configurable["checkpoint_id"] = checkpoint_id
-    return {"configurable": configurable}
-
-
 @contextlib.contextmanager
 def _scope_of(key: ApiKey) -> Iterator[None]:
     """An admin acts as the operator (every thread); a user for that user only."""
@@ -510,7 +502,7 @@ class _Routes:
         return saver
 
     async def head(self, thread_id: str, checkpoint_id: str | None = None) -> CheckpointTuple:
-        found = await (await self.store()).aget_tuple(_root(thread_id, checkpoint_id))
+        found = await (await self.store()).aget_tuple(root_config(thread_id, checkpoint_id))
         if found is None:
             raise ThreadNotFoundError(thread_id, checkpoint_id)
         return found
@@ -567,32 +559,8 @@ class _Routes:
         return state_view(await self.head(call.path["thread_id"], call.path["checkpoint_id"]))
 
     async def thread_history(self, call: _Call) -> Any:
-        thread_id, limit, cursor = (
-            call.path["thread_id"],
-            _int(call.query, "limit", 50),
-            call.query.get("cursor"),
-        )
-        if not 1 <= limit <= MAX_PAGE:
-            raise ConfigurationError(
-                f"a page holds 1 to {MAX_PAGE} checkpoints, not {limit}: pass a limit in that range",
-                context={"limit": limit},
-            )
-        saver = await self.store()
-        await self.head(thread_id)
-        if cursor and await saver.aget_tuple(_root(thread_id, cursor)) is None:
-            raise ConfigurationError(
-                f"the cursor {cursor[:40]!r} is not a checkpoint of thread {thread_id!r}: pass the "
-                "next_cursor of the previous page, or no cursor for the first page",
-                context={"cursor": cursor[:40]},
-            )
-        before = _root(thread_id, cursor) if cursor else None
-        listed = saver.alist(_root(thread_id), before=before, limit=limit + 1)
-        rows = [history_view(found) async for found in listed]
-        more = len(rows) > limit
-        return {
-            "checkpoints": rows[:limit],
-            "next_cursor": rows[limit - 1]["checkpoint_id"] if more else None,
-        }
+        limit, cursor = _int(call.query, "limit", 50), call.query.get("cursor")
+        return await ahistory_page(await self.store(), call.path["thread_id"], limit=limit, cursor=cursor)
 
     async def thread_diff(self, call: _Call) -> Any:
         thread_id, a, b = call.path["thread_id"], call.query.get("a"), call.query.get("b")
@@ -604,15 +572,7 @@ class _Routes:
         return diff_view(await self.head(thread_id, a), await self.head(thread_id, b))
 
     async def thread_retention(self, call: _Call) -> Any:
-        thread_id = call.path["thread_id"]
-        saver = await self.store()
-        found, retention = await self.head(thread_id), await saver.athread_retention(thread_id)
-        if retention is None:
-            raise ThreadNotFoundError(thread_id)
-        now = saver.clock()
-        # No async twin: live_parks is the sweep's one read, cheap for one thread.
-        parked = thread_id in await self.run_in_threadpool(saver.live_parks, [thread_id], now)
-        return retention_view(found, *retention, saver.retention, now=now, parked=parked)
+        return await aretention_of(await self.store(), call.path["thread_id"])
 
     async def delete_thread(self, call: _Call) -> None:
         thread_id = call.path["thread_id"]
