@@ -460,3 +460,82 @@ def test_sv1_retention_due_and_status_are_the_listings_after_a_run_starts(
         )
     newest = client.get("/api/threads/b1/state", headers=auth(BOB)).json()["created_at"]
     assert listed["b1"]["written_at"] > newest
+
+
+# --- the ownership resolver in front of the thread routes (SPEC SV2) -----------------------------
+
+
+def _forbidden_reads(client: TestClient, provider: str) -> float:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    for family in text_string_to_metric_families(client.get("/metrics").text):
+        for sample in family.samples:
+            if sample.name == "threadkeep_forbidden_total" and sample.labels == {
+                "provider": provider,
+                "operation": "read",
+            }:
+                return float(sample.value)
+    return 0.0
+
+
+@pytest.mark.providers("sqlite", "postgres")
+def test_sv2_the_thread_routes_ask_the_resolver_and_count_another_users_thread(
+    open_saver: Opener,
+) -> None:
+    from threadkeep.metrics import Metrics
+
+    saver: ThreadkeepSaver = open_saver(metrics=Metrics())
+    talk(saver, "a1", "alice")
+    with TestClient(create_app(Settings(api_keys=KEYS), saver=saver, metrics=saver.metrics)) as client:
+        assert client.get("/api/threads/a1/state", headers=auth(ALICE)).status_code == 200
+        resolver = client.app.state.service.resolver  # type: ignore[attr-defined]
+        assert resolver.stats.store_reads == 1
+        for path in ("state", "history", "retention"):
+            assert client.get(f"/api/threads/a1/{path}", headers=auth(ALICE)).status_code == 200
+        assert (resolver.stats.lookups, resolver.stats.store_reads) == (4, 1)  # the LRU answered
+        provider = saver.facts.name
+        before = _forbidden_reads(client, provider)
+        for method, url in thread_routes("a1"):
+            assert client.request(method, url, headers=auth(BOB)).status_code == 404, url
+        assert _forbidden_reads(client, provider) == before + len(thread_routes("a1"))
+        assert resolver.stats.store_reads == 1
+
+
+@pytest.mark.providers("sqlite", "postgres")
+def test_sv2_a_thread_deleted_then_made_again_by_another_user_is_its_new_owners(
+    open_saver: Opener,
+) -> None:
+    from tests.providers import CASES, REDIS_URL, redis_probe, require, track_redis_prefix
+    from threadkeep.resolver import store_identity
+
+    require(CASES["redis"], redis_probe())
+    saver: ThreadkeepSaver = open_saver()
+    track_redis_prefix(f"tkowner:{store_identity(saver)}")
+    settings = Settings(api_keys=KEYS, cache_url=REDIS_URL)  # with the shared tier
+    talk(saver, "t", "alice")
+    with TestClient(create_app(settings, saver=saver)) as client:
+        assert client.get("/api/threads/t/state", headers=auth(ALICE)).status_code == 200
+        assert client.delete("/api/threads/t", headers=auth(ALICE)).status_code == 204
+        talk(saver, "t", "bob")  # the same id, another owner
+        assert client.get("/api/threads/t/state", headers=auth(BOB)).status_code == 200
+        assert client.get("/api/threads/t/state", headers=auth(ALICE)).status_code == 404
+    # another server on the same store and cache (an empty LRU): not the stale owner either
+    with TestClient(create_app(settings, saver=saver)) as other:
+        assert other.get("/api/threads/t/state", headers=auth(BOB)).status_code == 200
+        assert other.get("/api/threads/t/state", headers=auth(ALICE)).status_code == 404
+
+
+@pytest.mark.providers("sqlite")
+def test_sv2_the_sweep_route_evicts_what_it_deleted(open_saver: Opener) -> None:
+    saver: ThreadkeepSaver = open_saver()
+    talk(saver, "t", "alice")
+    with user_scope("alice"):
+        saver.mark_finished(["t"])
+    with TestClient(create_app(Settings(api_keys=KEYS), saver=saver)) as client:
+        assert client.get("/api/threads/t/state", headers=auth(ALICE)).status_code == 200
+        later = time.time() + 10 * 86400
+        saver.clock = lambda: later  # type: ignore[method-assign]
+        swept = client.post("/api/checkpoints/sweep", headers=auth(ADMIN)).json()
+        assert swept["swept_count"] == 1
+        talk(saver, "t", "bob")
+        assert client.get("/api/threads/t/state", headers=auth(BOB)).status_code == 200

@@ -35,7 +35,7 @@ import datetime as dt
 import json
 import logging
 import threading
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
@@ -55,6 +55,7 @@ from threadkeep.errors import (
 from threadkeep.extras import import_extra
 from threadkeep.metrics import CONTENT_TYPE, METRICS, Metrics
 from threadkeep.providers import open_checkpointer
+from threadkeep.resolver import OwnershipResolver
 from threadkeep.saver import ThreadkeepSaver
 from threadkeep.settings import Settings
 from threadkeep.sweep import sweep_checkpoints
@@ -409,6 +410,10 @@ class _Service:
         self._opening = threading.Lock()
         self._sweeping = threading.Lock()
         self._closed = False  # shut down: nothing opens a store again
+        # `_resolving` guards the ownership resolver, rebuilt when the store served changes.
+        self._resolving = threading.Lock()
+        self._resolver: OwnershipResolver | None = None
+        self._retired: list[OwnershipResolver] = []
 
     @property
     def saver(self) -> ThreadkeepSaver:
@@ -418,6 +423,32 @@ class _Service:
             if self._saver is None:
                 self._saver = open_checkpointer(settings=self.settings, metrics=self.metrics)
             return self._saver
+
+    def resolver_for(self, saver: ThreadkeepSaver) -> OwnershipResolver:
+        """The ownership resolver (SPEC SV2) in front of ``saver``: one per store served, its
+        shared tier the settings' cache URL (``OwnershipResolver.from_settings``)."""
+        with self._resolving:
+            if self._resolver is None or self._resolver.saver is not saver:
+                self._retire()
+                self._resolver = OwnershipResolver.from_settings(saver, self.settings)
+            return self._resolver
+
+    @property
+    def resolver(self) -> OwnershipResolver | None:
+        """The resolver in use, if a thread route built one."""
+        return self._resolver
+
+    def _retire(self) -> None:
+        if self._resolver is not None:
+            self._resolver.close()
+            self._retired.append(self._resolver)
+            self._resolver = None
+
+    def retired(self) -> list[OwnershipResolver]:
+        """Resolvers of stores no longer served, to close their async clients (on the loop)."""
+        with self._resolving:
+            retired, self._retired = self._retired, []
+        return retired
 
     @property
     def opened(self) -> ThreadkeepSaver | None:
@@ -439,7 +470,15 @@ class _Service:
 
     def sweep(self, dry_run: bool) -> dict[str, Any]:
         with self._sweeping:
-            return sweep_checkpoints(self.saver, dry_run=dry_run, metrics=self.metrics).to_dict()
+            saver = self.saver
+            resolver = self.resolver_for(saver)
+
+            def evict(thread_ids: Sequence[str]) -> None:
+                for thread_id in thread_ids:
+                    resolver.evict(thread_id)
+
+            result = sweep_checkpoints(saver, dry_run=dry_run, metrics=self.metrics, on_deleted=evict)
+            return result.to_dict()
 
     def replace_settings(self, settings: Settings) -> None:
         keys = checked_keys(settings)  # before anything changes: a refused write changes nothing
@@ -449,6 +488,8 @@ class _Service:
             if old is not None and old is not self._given:
                 old.close()
             self._given = None
+        with self._resolving:
+            self._retire()
 
     def start(self) -> None:
         with self._opening:
@@ -466,6 +507,8 @@ class _Service:
             if self._saver is not None and self._saver is not self._given:
                 self._saver.close()
             self._saver = self._given  # a saver the app was given stays open, and is served again
+        with self._resolving:
+            self._retire()
 
 
 @dataclass(frozen=True, slots=True)
@@ -501,6 +544,26 @@ class _Routes:
         saver: ThreadkeepSaver = await self.run_in_threadpool(lambda: self.service.saver)
         return saver
 
+    async def visible(self, call: _Call) -> str:
+        """The route's thread id, once the ownership resolver (SPEC SV2) says the key may see
+        it: an admin sees every thread; for a user key a thread of another user (counted in
+        ``threadkeep_forbidden_total{operation="read"}``), or none, is not found."""
+        thread_id = call.path["thread_id"]
+        if call.key.role == "admin":
+            return thread_id
+        resolver = self.service.resolver_for(await self.store())
+        try:
+            owner = await resolver.acheck(thread_id, call.key.user)
+        except StorageForbiddenError:
+            raise ThreadNotFoundError(thread_id) from None
+        if owner is None:
+            raise ThreadNotFoundError(thread_id)
+        return thread_id
+
+    async def evict(self, thread_id: str) -> None:
+        """Forget the thread's owner (after a delete or a mark), here and in the shared cache."""
+        await self.service.resolver_for(await self.store()).aevict(thread_id)
+
     async def head(self, thread_id: str, checkpoint_id: str | None = None) -> CheckpointTuple:
         found = await (await self.store()).aget_tuple(root_config(thread_id, checkpoint_id))
         if found is None:
@@ -523,6 +586,8 @@ class _Routes:
             )
         settings = self.service.settings.updated(body)
         await self.run_in_threadpool(self.service.replace_settings, settings)
+        for resolver in self.service.retired():
+            await resolver.aclose()
         public = {
             k: v
             for k, v in settings.as_env().items()
@@ -553,17 +618,18 @@ class _Routes:
         return page.to_dict()
 
     async def thread_state(self, call: _Call) -> Any:
-        return state_view(await self.head(call.path["thread_id"]))
+        return state_view(await self.head(await self.visible(call)))
 
     async def thread_checkpoint(self, call: _Call) -> Any:
-        return state_view(await self.head(call.path["thread_id"], call.path["checkpoint_id"]))
+        return state_view(await self.head(await self.visible(call), call.path["checkpoint_id"]))
 
     async def thread_history(self, call: _Call) -> Any:
         limit, cursor = _int(call.query, "limit", 50), call.query.get("cursor")
-        return await ahistory_page(await self.store(), call.path["thread_id"], limit=limit, cursor=cursor)
+        thread_id = await self.visible(call)
+        return await ahistory_page(await self.store(), thread_id, limit=limit, cursor=cursor)
 
     async def thread_diff(self, call: _Call) -> Any:
-        thread_id, a, b = call.path["thread_id"], call.query.get("a"), call.query.get("b")
+        thread_id, a, b = await self.visible(call), call.query.get("a"), call.query.get("b")
         if not a or not b:
             raise ConfigurationError(
                 "a diff needs two checkpoint ids: pass ?a=<earlier id>&b=<later id> (the history lists them)",
@@ -572,22 +638,26 @@ class _Routes:
         return diff_view(await self.head(thread_id, a), await self.head(thread_id, b))
 
     async def thread_retention(self, call: _Call) -> Any:
-        return await aretention_of(await self.store(), call.path["thread_id"])
+        return await aretention_of(await self.store(), await self.visible(call))
 
     async def delete_thread(self, call: _Call) -> None:
-        thread_id = call.path["thread_id"]
+        thread_id = await self.visible(call)
         await self.head(thread_id)  # a thread missing, or another user's: 404
         try:
             await (await self.store()).adelete_thread(thread_id)
         except StorageForbiddenError:
             raise ThreadNotFoundError(thread_id) from None
+        finally:
+            await self.evict(thread_id)
 
     async def mark_finished(self, call: _Call) -> Any:
-        thread_id = call.path["thread_id"]
+        thread_id = await self.visible(call)
         try:
             due = await (await self.store()).amark_finished([thread_id])
         except StorageForbiddenError:
             raise ThreadNotFoundError(thread_id) from None
+        finally:
+            await self.evict(thread_id)
         if thread_id not in due:
             raise ThreadNotFoundError(thread_id)
         return {"thread_id": thread_id, "status": "finished", "due": due[thread_id]}
@@ -670,6 +740,8 @@ def create_app(
         service.start()
         yield
         await run_in_threadpool(service.close)
+        for resolver in service.retired():
+            await resolver.aclose()
 
     def json_route(method: Callable[[_Call], Awaitable[Any]]) -> Handler:
         async def handler(request: Request, key: ApiKey) -> Response:
@@ -707,7 +779,9 @@ def create_app(
     table += inspector.routes(identify)
     # -- end of the inspector page ---------------------------------------------------------------
 
-    return Starlette(lifespan=lifespan, routes=table, exception_handlers={404: _no_route, 405: _no_route})
+    app = Starlette(lifespan=lifespan, routes=table, exception_handlers={404: _no_route, 405: _no_route})
+    app.state.service = service  # its resolver's stats: app.state.service.resolver.stats
+    return app
 
 
 async def _no_route(request: Any, error: Exception) -> Any:
