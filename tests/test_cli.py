@@ -81,10 +81,10 @@ def test_sv3_store_check_and_reset_of_a_store_in_another_format(store_path: Path
     assert CliRunner().invoke(main, ["demo", "--turns", "1"]).exit_code == 0
 
 
-def test_sv3_a_bad_setting_is_one_clear_line_and_exit_1(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_sv3_a_bad_setting_is_one_clear_line_and_exit_2(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("LLM_PROVIDER_CHECKPOINT_TTL_MINUTES", "60")
     result = CliRunner().invoke(main, ["store", "check"])
-    assert result.exit_code == 1
+    assert result.exit_code == 2  # invalid input: the usage code the help promises
     assert "LLM_PROVIDER_CHECKPOINT_TTL_MINUTES" in result.output
 
 
@@ -184,5 +184,5 @@ def test_a_postgres_store_without_a_connection_string_is_refused_naming_the_sett
     monkeypatch.setenv("LLM_PROVIDER_CHECKPOINT_POOL_TIMEOUT_SECONDS", "2")
     monkeypatch.setenv("LLM_PROVIDER_CHECKPOINT_RETRY_ATTEMPTS", "1")
     checked = CliRunner().invoke(main, ["store", "check"])
-    assert checked.exit_code == 1
+    assert checked.exit_code == 2
     assert "LLM_PROVIDER_CHECKPOINT_CONN_STRING" in checked.output

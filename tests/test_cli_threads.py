@@ -4,6 +4,7 @@ driven in-process with click's runner on sqlite and postgres."""
 
 from __future__ import annotations
 
+import base64
 import datetime as dt
 import json
 import re
@@ -223,8 +224,16 @@ def test_sv3_threads_show_json_is_the_state_and_retention_views(seeded: Seeded) 
             assert retention is not None
             now = saver.clock()
             parked = thread_id in saver.live_parks([thread_id], now)
-            kept = retention_view(head, *retention, saver.retention, now=now, parked=parked)
+            row = saver.thread_row(thread_id)
+            kept = retention_view(head, *retention, saver.retention, now=now, parked=parked, row=row)
+            listed = {t.thread_id: t for t in saver.threads(ThreadQuery(limit=50)).threads}[thread_id]
         assert shown == json.loads(json.dumps({"state": state_view(head), "retention": kept}))
+        # the same due time, waiting clock and status as the listing (and the sweep) count
+        assert (kept["due"], kept["written_at"], kept["status"]) == (
+            listed.due,
+            listed.written_at,
+            listed.status,
+        )
     assert ok_json("show", "c-ask")["state"]["interrupts"][0]["value"] == "approve REFUND 40 EUR?"
     assert ok_json("show", "c-ask")["retention"]["status"] == "interrupted"
     assert ok_json("show", "b-1")["retention"]["status"] == "finished"
@@ -303,6 +312,19 @@ def test_sv3_threads_exit_codes_missing_thread_4_bad_input_2(seeded: Seeded) -> 
     assert run("list", "--since", "yesterday").exit_code == 2
     assert run("list", "--metadata", "novalue").exit_code == 2
     assert run("list", "--status", "asleep").exit_code == 2
+
+
+def test_sv3_threads_invalid_filters_and_cursors_exit_2_as_the_help_promises(seeded: Seeded) -> None:
+    # A metadata filter the store refuses is a ConfigurationError (kind "invalid"): usage, 2.
+    nan = run("list", "--metadata", "a=NaN")
+    assert nan.exit_code == 2, nan.output
+    assert "filter.a" in nan.stderr
+    assert "NaN" in nan.stderr
+    for raw in ('[NaN,"a-1"]', '[Infinity,"a-1"]', '[1,"\\u0000"]'):
+        cursor = base64.urlsafe_b64encode(raw.encode()).decode()
+        refused = run("list", "--cursor", cursor)
+        assert refused.exit_code == 2, (raw, refused.output)
+        assert "is not one a thread listing returned" in refused.stderr
 
 
 def test_sv3_threads_provider_and_conn_flags_override_the_settings(

@@ -428,17 +428,17 @@ def test_cli_import_json_and_verify(source_kind: str, configured_store: Path, tm
 
 def test_cli_import_refusals_name_what_to_do(configured_store: Path, tmp_path: Path) -> None:
     missing = CliRunner().invoke(main, ["import", str(tmp_path / "nope.sqlite")])
-    assert missing.exit_code == 1
+    assert missing.exit_code == 2  # a bad SOURCE: invalid input
     assert "no SQLite file" in missing.stderr
     assert "postgresql://" in missing.stderr
     other = tmp_path / "other.sqlite"
     other.write_bytes(b"")
     refused = CliRunner().invoke(main, ["import", str(other)])
-    assert refused.exit_code == 1
+    assert refused.exit_code == 2
     assert "not a file LangGraph's SqliteSaver wrote" in refused.stderr
     if postgres_probe() is None:
         empty = CliRunner().invoke(main, ["import", postgres_url(uuid.uuid4().hex)])
-        assert empty.exit_code == 1
+        assert empty.exit_code == 2
         assert "holds no LangGraph PostgresSaver tables" in empty.stderr
 
 

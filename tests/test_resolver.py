@@ -198,3 +198,20 @@ def test_owner_of_on_every_store(saver: Any) -> None:
         assert asyncio.run(saver.aowner_of("t")) == "alice"
     with pytest.raises(StorageForbiddenError):
         saver.owner_of("t")  # outside operator scope, with isolation on
+
+
+def test_sv2_stores_sharing_one_redis_keep_their_owners_apart(open_saver: Any) -> None:
+    from tests.providers import track_redis_prefix
+    from threadkeep.resolver import store_identity
+
+    require(CASES["redis"], redis_probe())
+    one, two = open_saver(), open_saver(fresh=True)
+    assert store_identity(one) != store_identity(two)
+    for saver, user in ((one, "alice"), (two, "bob")):
+        track_redis_prefix(f"tkowner:{store_identity(saver)}")
+        put_chain(saver, "t", 1, user_id=user)
+    here = OwnershipResolver(one, redis_url=REDIS_URL)
+    there = OwnershipResolver(two, redis_url=REDIS_URL)
+    assert here.owner_of("t") == "alice"
+    assert there.owner_of("t") == "bob"  # its own store's owner, not the other's cached one
+    assert (there.stats.shared_hits, there.stats.store_reads) == (0, 1)

@@ -7,6 +7,7 @@ missing thread (404) and with a bad cursor or parameter (422).
 
 from __future__ import annotations
 
+import base64
 import time
 from collections.abc import Iterator
 from typing import Annotated, Any, TypedDict
@@ -19,7 +20,7 @@ from starlette.routing import Route
 from starlette.testclient import TestClient
 
 from tests.providers import Opener
-from threadkeep import Settings, ThreadkeepSaver, operator_scope
+from threadkeep import Settings, ThreadkeepSaver, operator_scope, user_scope
 from threadkeep.server import create_app, openapi
 
 pytestmark = pytest.mark.providers("sqlite", "postgres", "memory", "redis", "tiered")
@@ -344,9 +345,197 @@ def test_sv1_openapi_lists_every_route_of_the_app(client: TestClient) -> None:
         for method in route.methods or ()
         if method != "HEAD"
     }
+    served = {(method, path.replace(":path}", "}")) for method, path in served}  # ids may hold "/"
     described = {(method, path) for path, ops in schema["paths"].items() for method in ops}
     assert served == described
     assert schema == openapi()
     history = schema["paths"]["/api/threads/{thread_id}/history"]["get"]
     assert {p["name"] for p in history["parameters"]} == {"thread_id", "limit", "cursor"}
     assert {"401", "404", "422", "503"} <= set(history["responses"])
+
+
+# --- refusals at start and on a settings write (isolation off with user keys) -------------------
+
+
+@pytest.mark.providers("sqlite")
+def test_sv1_user_keys_with_isolation_off_refuse_to_start(open_saver: Opener) -> None:
+    from threadkeep.errors import ConfigurationError
+
+    with pytest.raises(ConfigurationError) as refused:
+        create_app(Settings(api_keys=KEYS, enforce_user_isolation=False))
+    message = refused.value.message
+    assert "LLM_PROVIDER_CHECKPOINT_API_KEYS" in message
+    assert "LLM_PROVIDER_CHECKPOINT_USER_ISOLATION" in message
+    assert "alice" in message  # names users, never keys
+    assert "k-alice" not in message
+    # a given store that keeps no owners apart is refused the same
+    with pytest.raises(ConfigurationError):
+        create_app(Settings(api_keys=KEYS), saver=open_saver(enforce_user_isolation=False))
+    # admin keys alone are fine: they see every thread anyway
+    create_app(Settings(api_keys=f"{ADMIN}:ops:admin", enforce_user_isolation=False))
+
+
+@pytest.mark.providers("sqlite")
+def test_sv1_a_settings_write_turning_isolation_off_with_user_keys_is_refused(client: TestClient) -> None:
+    refused = client.patch(
+        "/api/settings", json={"LLM_PROVIDER_CHECKPOINT_USER_ISOLATION": "false"}, headers=auth(ADMIN)
+    )
+    assert refused.status_code == 422, refused.text
+    assert "LLM_PROVIDER_CHECKPOINT_USER_ISOLATION" in refused.json()["message"]
+    # nothing changed: alice still sees only her own thread
+    alice = client.get("/api/threads", headers=auth(ALICE)).json()
+    assert [t["thread_id"] for t in alice["threads"]] == ["a1"]
+
+
+# --- cursors the store could not read ------------------------------------------------------------
+
+
+@pytest.mark.providers("sqlite", "postgres")
+@pytest.mark.parametrize("raw", ['[1.0,"\\u0000"]', '[NaN,"a1"]', '[Infinity,"a1"]', '[-Infinity,"a1"]'])
+def test_sv1_a_cursor_with_an_id_or_time_no_store_holds_is_422(client: TestClient, raw: str) -> None:
+    cursor = base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
+    response = client.get(f"/api/threads?cursor={cursor}", headers=auth(ADMIN))
+    assert response.status_code == 422, response.text
+    assert response.json()["code"] == "CONFIG_001"
+
+
+# --- thread ids holding "/", and unknown routes ---------------------------------------------------
+
+
+def test_sv1_a_thread_id_with_slashes_answers_on_every_route(
+    client: TestClient, saver: ThreadkeepSaver
+) -> None:
+    thread = "team/alice/checkpoints"  # ends like a route's own segment
+    talk(saver, thread, "alice", turns=2)
+    ids = checkpoint_ids(saver, thread)
+    listed = client.get("/api/threads", headers=auth(ALICE)).json()
+    assert thread in [t["thread_id"] for t in listed["threads"]]
+    for quoted in (thread, thread.replace("/", "%2F")):  # as typed, or as a browser encodes it
+        base = f"/api/threads/{quoted}"
+        state = client.get(f"{base}/state", headers=auth(ALICE))
+        assert state.status_code == 200, state.text
+        assert state.json()["thread_id"] == thread
+        history = client.get(f"{base}/history", headers=auth(ALICE)).json()
+        assert [row["checkpoint_id"] for row in history["checkpoints"]] == ids
+        one = client.get(f"{base}/checkpoints/{ids[-1]}", headers=auth(ALICE)).json()
+        assert one["checkpoint_id"] == ids[-1]
+        diff = client.get(f"{base}/diff?a={ids[-1]}&b={ids[0]}", headers=auth(ALICE))
+        assert diff.status_code == 200, diff.text
+        retention = client.get(f"{base}/retention", headers=auth(ALICE))
+        assert retention.json()["thread_id"] == thread
+        assert client.get(f"{base}/state", headers=auth(BOB)).status_code == 404  # another user's
+    assert client.post(f"/api/threads/{thread}/finished", headers=auth(ALICE)).json()["thread_id"] == thread
+    assert client.delete(f"/api/threads/{thread}", headers=auth(ALICE)).status_code == 204
+    assert checkpoint_ids(saver, thread) == []
+    assert checkpoint_ids(saver, "a1") != []
+
+
+@pytest.mark.providers("sqlite")
+def test_sv1_an_unknown_route_or_method_answers_json(client: TestClient) -> None:
+    missing = client.get("/api/nothing-here", headers=auth(ALICE))
+    assert missing.status_code == 404
+    assert {"error", "message"} <= set(missing.json())
+    assert "/openapi.json" in missing.json()["message"]
+    wrong = client.put("/api/threads/a1/state", headers=auth(ALICE))
+    assert wrong.status_code == 405
+    assert {"error", "message"} <= set(wrong.json())
+    assert "GET" in wrong.headers["allow"]
+
+
+@pytest.mark.providers("sqlite", "postgres", "tiered")
+def test_sv1_retention_due_and_status_are_the_listings_after_a_run_starts(
+    client: TestClient, saver: ThreadkeepSaver
+) -> None:
+    time.sleep(0.05)
+    with user_scope("bob"):
+        saver.start_threads(["b1"])  # a run starts: the waiting clock moves past the newest checkpoint
+    listed = {t["thread_id"]: t for t in client.get("/api/threads", headers=auth(ADMIN)).json()["threads"]}
+    for thread_id, key in (("b1", BOB), ("a1", ALICE)):
+        retention = client.get(f"/api/threads/{thread_id}/retention", headers=auth(key)).json()
+        row = listed[thread_id]
+        assert (retention["due"], retention["written_at"], retention["status"]) == (
+            row["due"],
+            row["written_at"],
+            row["status"],
+        )
+    newest = client.get("/api/threads/b1/state", headers=auth(BOB)).json()["created_at"]
+    assert listed["b1"]["written_at"] > newest
+
+
+# --- the ownership resolver in front of the thread routes (SPEC SV2) -----------------------------
+
+
+def _forbidden_reads(client: TestClient, provider: str) -> float:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    for family in text_string_to_metric_families(client.get("/metrics").text):
+        for sample in family.samples:
+            if sample.name == "threadkeep_forbidden_total" and sample.labels == {
+                "provider": provider,
+                "operation": "read",
+            }:
+                return float(sample.value)
+    return 0.0
+
+
+@pytest.mark.providers("sqlite", "postgres")
+def test_sv2_the_thread_routes_ask_the_resolver_and_count_another_users_thread(
+    open_saver: Opener,
+) -> None:
+    from threadkeep.metrics import Metrics
+
+    saver: ThreadkeepSaver = open_saver(metrics=Metrics())
+    talk(saver, "a1", "alice")
+    with TestClient(create_app(Settings(api_keys=KEYS), saver=saver, metrics=saver.metrics)) as client:
+        assert client.get("/api/threads/a1/state", headers=auth(ALICE)).status_code == 200
+        resolver = client.app.state.service.resolver  # type: ignore[attr-defined]
+        assert resolver.stats.store_reads == 1
+        for path in ("state", "history", "retention"):
+            assert client.get(f"/api/threads/a1/{path}", headers=auth(ALICE)).status_code == 200
+        assert (resolver.stats.lookups, resolver.stats.store_reads) == (4, 1)  # the LRU answered
+        provider = saver.facts.name
+        before = _forbidden_reads(client, provider)
+        for method, url in thread_routes("a1"):
+            assert client.request(method, url, headers=auth(BOB)).status_code == 404, url
+        assert _forbidden_reads(client, provider) == before + len(thread_routes("a1"))
+        assert resolver.stats.store_reads == 1
+
+
+@pytest.mark.providers("sqlite", "postgres")
+def test_sv2_a_thread_deleted_then_made_again_by_another_user_is_its_new_owners(
+    open_saver: Opener,
+) -> None:
+    from tests.providers import CASES, REDIS_URL, redis_probe, require, track_redis_prefix
+    from threadkeep.resolver import store_identity
+
+    require(CASES["redis"], redis_probe())
+    saver: ThreadkeepSaver = open_saver()
+    track_redis_prefix(f"tkowner:{store_identity(saver)}")
+    settings = Settings(api_keys=KEYS, cache_url=REDIS_URL)  # with the shared tier
+    talk(saver, "t", "alice")
+    with TestClient(create_app(settings, saver=saver)) as client:
+        assert client.get("/api/threads/t/state", headers=auth(ALICE)).status_code == 200
+        assert client.delete("/api/threads/t", headers=auth(ALICE)).status_code == 204
+        talk(saver, "t", "bob")  # the same id, another owner
+        assert client.get("/api/threads/t/state", headers=auth(BOB)).status_code == 200
+        assert client.get("/api/threads/t/state", headers=auth(ALICE)).status_code == 404
+    # another server on the same store and cache (an empty LRU): not the stale owner either
+    with TestClient(create_app(settings, saver=saver)) as other:
+        assert other.get("/api/threads/t/state", headers=auth(BOB)).status_code == 200
+        assert other.get("/api/threads/t/state", headers=auth(ALICE)).status_code == 404
+
+
+@pytest.mark.providers("sqlite")
+def test_sv2_the_sweep_route_evicts_what_it_deleted(open_saver: Opener) -> None:
+    saver: ThreadkeepSaver = open_saver()
+    talk(saver, "t", "alice")
+    with user_scope("alice"):
+        saver.mark_finished(["t"])
+    with TestClient(create_app(Settings(api_keys=KEYS), saver=saver)) as client:
+        assert client.get("/api/threads/t/state", headers=auth(ALICE)).status_code == 200
+        later = time.time() + 10 * 86400
+        saver.clock = lambda: later  # type: ignore[method-assign]
+        swept = client.post("/api/checkpoints/sweep", headers=auth(ADMIN)).json()
+        assert swept["swept_count"] == 1
+        talk(saver, "t", "bob")
+        assert client.get("/api/threads/t/state", headers=auth(BOB)).status_code == 200

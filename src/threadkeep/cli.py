@@ -26,7 +26,6 @@ import click
 
 from threadkeep.errors import (
     CheckpointStoreFormatError,
-    InvalidInputError,
     StorageError,
     ThreadkeepError,
     ThreadNotFoundError,
@@ -46,8 +45,8 @@ EXIT_UNAVAILABLE = 5
 
 EXIT_CODES_HELP = (
     "Exit codes: 0 ok; 1 an error the message explains; 2 bad usage or invalid input (an "
-    "option, cursor, time or id); 3 the store needs a reset; 4 no such thread or checkpoint; 5 "
-    "the store is unavailable."
+    "option, setting, filter, cursor, time or id); 3 the store needs a reset; 4 no such thread "
+    "or checkpoint; 5 the store is unavailable."
 )
 
 
@@ -60,9 +59,6 @@ class _Group(click.Group):
         except CheckpointStoreFormatError as error:
             click.echo(f"error: {error}", err=True)
             sys.exit(EXIT_NEEDS_RESET)
-        except InvalidInputError as error:
-            click.echo(f"error: {error}", err=True)
-            sys.exit(EXIT_USAGE)
         except ThreadNotFoundError as error:
             click.echo(f"error: {error}", err=True)
             sys.exit(EXIT_NOT_FOUND)
@@ -72,7 +68,8 @@ class _Group(click.Group):
             sys.exit(EXIT_UNAVAILABLE if error.kind == "unavailable" else EXIT_ERROR)
         except ThreadkeepError as error:
             click.echo(f"error: {error}", err=True)
-            sys.exit(EXIT_ERROR)
+            # Invalid input of any kind (a setting, a filter, a cursor, a retention): usage.
+            sys.exit(EXIT_USAGE if error.kind == "invalid" else EXIT_ERROR)
 
 
 @click.group(cls=_Group, epilog=EXIT_CODES_HELP)
@@ -324,10 +321,9 @@ def _opened(provider: str | None, conn: str | None, user: str | None) -> Iterato
 
 def _config(thread_id: str, checkpoint_id: str | None = None) -> RunnableConfig:
     """The root namespace of ``thread_id`` (a subgraph's checkpoints are not the thread's history)."""
-    configurable: dict[str, Any] = {"thread_id": thread_id, "checkpoint_ns": ""}
-    if checkpoint_id is not None:
-        configurable["checkpoint_id"] = checkpoint_id
-    return {"configurable": configurable}
+    from threadkeep.window import root_config
+
+    return root_config(thread_id, checkpoint_id)
 
 
 def _when(ctx: click.Context, param: click.Parameter, value: str | None) -> float | None:
@@ -541,16 +537,15 @@ def threads_show(
 ) -> None:
     """Show THREAD_ID: its conversation (messages with their role, tool calls and results),
     status, due time and parks, and its newest checkpoint (exit 4 if there is no such thread)."""
-    from threadkeep.views import retention_view, state_view
+    from threadkeep.views import state_view
+    from threadkeep.window import retention_of
 
     with _opened(provider, conn, user) as saver:
         found = saver.get_tuple(_config(thread_id))
-        retention = saver.thread_retention(thread_id)
-        if found is None or retention is None:
+        if found is None:
             raise ThreadNotFoundError(thread_id)
+        kept = retention_of(saver, thread_id)
         now = saver.clock()
-        parked = thread_id in saver.live_parks([thread_id], now)
-        kept = retention_view(found, *retention, saver.retention, now=now, parked=parked)
     state = state_view(found)
     if as_json:
         click.echo(json.dumps({"state": state, "retention": kept}, indent=2))
@@ -621,23 +616,13 @@ def threads_history(
 ) -> None:
     """THREAD_ID's checkpoints, newest first, a page at a time: step, source, time and the
     writes made from each (exit 4 if there is no such thread)."""
-    from threadkeep.views import history_view
+    from threadkeep.window import history_page
 
     with _opened(provider, conn, user) as saver:
-        if saver.get_tuple(_config(thread_id)) is None:
-            raise ThreadNotFoundError(thread_id)
-        if cursor is not None and saver.get_tuple(_config(thread_id, cursor)) is None:
-            raise click.BadParameter(
-                f"{cursor!r} is not a checkpoint of thread {thread_id!r}: pass the cursor the "
-                "previous page printed, or none for the newest checkpoints",
-                param_hint="'--cursor'",
-            )
-        before = _config(thread_id, cursor) if cursor is not None else None
-        found = list(saver.list(_config(thread_id), before=before, limit=limit + 1))
-    rows = [history_view(item) for item in found[:limit]]
-    next_cursor = rows[-1]["checkpoint_id"] if len(found) > limit else None
+        page = history_page(saver, thread_id, limit=limit, cursor=cursor)
+    rows, next_cursor = page["checkpoints"], page["next_cursor"]
     if as_json:
-        click.echo(json.dumps({"checkpoints": rows, "next_cursor": next_cursor}, indent=2))
+        click.echo(json.dumps(page, indent=2))
         return
     table = []
     for row in rows:

@@ -1,4 +1,6 @@
-"""Who owns a thread, cached (SPEC SV2): what the HTTP API asks before each thread route.
+"""Who owns a thread, cached (SPEC SV2): what the HTTP API asks before each thread route
+(``threadkeep serve``: :meth:`OwnershipResolver.acheck` with a user key, and
+:meth:`OwnershipResolver.aevict` after a delete, a mark or a sweep).
 
 :class:`OwnershipResolver` answers :meth:`~OwnershipResolver.owner_of` from three tiers:
 
@@ -29,6 +31,7 @@ that the sync and the async methods drive.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import threading
 import time
@@ -45,7 +48,7 @@ from threadkeep.metrics import OWNER_CACHE_EVENTS
 from threadkeep.saver import ThreadkeepSaver
 from threadkeep.settings import Settings
 
-__all__ = ["OwnershipResolver", "ResolverStats"]
+__all__ = ["OwnershipResolver", "ResolverStats", "store_identity"]
 
 logger = logging.getLogger("threadkeep.resolver")
 
@@ -128,6 +131,13 @@ class _Lru:
                 self._entries.popitem(last=False)
 
 
+def store_identity(saver: ThreadkeepSaver) -> str:
+    """A short stable name of the store ``saver`` reads: a hash of its provider and its
+    location (no secret: the location holds no password)."""
+    where = f"{saver.facts.name}\0{saver.backend.location()}".encode()
+    return hashlib.sha256(where).hexdigest()[:16]
+
+
 class OwnershipResolver:
     """Thread owners, from an LRU, an optional shared Redis cache, then the store (SPEC SV2).
 
@@ -140,7 +150,10 @@ class OwnershipResolver:
         tombstone_seconds: How long an eviction blocks caching the thread again; longer than a
             store read takes.
         redis_timeout: Seconds a shared-cache command may take before the store is asked.
-        key_prefix: The shared cache's keys are ``<key_prefix>:<thread id>``.
+        key_prefix: The shared cache's keys are ``<key_prefix>:<thread id>``. Default:
+            ``tkowner:<store>``, ``<store>`` a hash of the store's provider and location
+            (:func:`store_identity`), so that stores sharing one Redis do not see each
+            other's owners.
         clock: Monotonic seconds; tests pass a controllable one.
 
     Raises:
@@ -158,7 +171,7 @@ class OwnershipResolver:
         shared_seconds: int = 3600,
         tombstone_seconds: int = 60,
         redis_timeout: float = 0.5,
-        key_prefix: str = "tkowner",
+        key_prefix: str | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         for name, value in (
@@ -176,7 +189,7 @@ class OwnershipResolver:
         self.lru_seconds = lru_seconds
         self.shared_seconds = int(shared_seconds)
         self.tombstone_seconds = int(tombstone_seconds)
-        self.key_prefix = key_prefix
+        self.key_prefix = f"tkowner:{store_identity(saver)}" if key_prefix is None else key_prefix
         self.clock = clock
         self.stats = ResolverStats()
         self._local = _Lru(lru_size)

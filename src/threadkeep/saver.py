@@ -15,7 +15,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Literal, Protocol, TypeVar
+from typing import Any, Literal, Protocol, TypeVar, runtime_checkable
 
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import (
@@ -208,6 +208,14 @@ class Backend(Protocol):
     def check(self) -> None: ...
 
     def reset(self) -> None: ...
+
+
+@runtime_checkable
+class ThreadRowReader(Protocol):
+    """A backend that reads one thread's listing row by id (the SQL stores and tiered; not
+    Redis, whose listing rows carry their keys' expiry)."""
+
+    def thread_row(self, thread_id: str, owner: str | None, now: float) -> Program[ThreadRow | None]: ...
 
 
 class ThreadkeepSaver(BaseCheckpointSaver[str]):
@@ -913,6 +921,25 @@ class ThreadkeepSaver(BaseCheckpointSaver[str]):
         """Async :meth:`threads`."""
         return await self._arun(self._threads(query or ThreadQuery()))
 
+    def _thread_row(self, thread_id: str) -> ProgramFactory[ThreadRow | None] | None:
+        backend, owner = self.backend, self._actor().owner_filter
+        if not isinstance(backend, ThreadRowReader):
+            return None
+        checked, now = checked_id(str(thread_id), "thread_id"), self.clock()
+        return lambda: backend.thread_row(checked, owner, now)
+
+    def thread_row(self, thread_id: str) -> ThreadRow | None:
+        """``thread_id``'s row as :meth:`threads` lists it (its waiting clock, status and
+        marks), or ``None``: no such thread of the scope's user, or a store that cannot read
+        one row by id (Redis)."""
+        make = self._thread_row(thread_id)
+        return None if make is None else self._run(make)
+
+    async def athread_row(self, thread_id: str) -> ThreadRow | None:
+        """Async :meth:`thread_row`."""
+        make = self._thread_row(thread_id)
+        return None if make is None else await self._arun(make)
+
     # the sweep's view of the store (operator calls: see threadkeep.sweep) ---------------------
 
     def _operator(self, operation: str) -> None:
@@ -974,6 +1001,11 @@ class ThreadkeepSaver(BaseCheckpointSaver[str]):
         (the sweep) or with isolation off, else only the scope's user's."""
         owner = self._actor().owner_filter
         return self._run(lambda: self.backend.live_parks(thread_ids, now, owner))
+
+    async def alive_parks(self, thread_ids: Sequence[str], now: float) -> set[str]:
+        """Async :meth:`live_parks`."""
+        owner = self._actor().owner_filter
+        return await self._arun(lambda: self.backend.live_parks(thread_ids, now, owner))
 
     def interrupted(self, thread_ids: Sequence[str], since: float | None = None) -> set[str]:
         """Which of ``thread_ids`` wait on an interrupt, any owner's (operator only): their

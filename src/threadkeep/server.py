@@ -35,11 +35,10 @@ import datetime as dt
 import json
 import logging
 import threading
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
-from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import CheckpointTuple
 
 from threadkeep.core.identity import operator_scope, user_scope
@@ -56,13 +55,15 @@ from threadkeep.errors import (
 from threadkeep.extras import import_extra
 from threadkeep.metrics import CONTENT_TYPE, METRICS, Metrics
 from threadkeep.providers import open_checkpointer
+from threadkeep.resolver import OwnershipResolver
 from threadkeep.saver import ThreadkeepSaver
 from threadkeep.settings import Settings
 from threadkeep.sweep import sweep_checkpoints
 from threadkeep.threads import MAX_PAGE, STATUSES, Cursor, ThreadQuery, ThreadStatus
-from threadkeep.views import diff_view, history_view, retention_view, state_view
+from threadkeep.views import diff_view, state_view
+from threadkeep.window import ahistory_page, aretention_of, root_config
 
-__all__ = ["API", "STATUS", "ApiKey", "Endpoint", "create_app", "openapi", "parse_api_keys"]
+__all__ = ["API", "STATUS", "ApiKey", "Endpoint", "checked_keys", "create_app", "openapi", "parse_api_keys"]
 
 logger = logging.getLogger("threadkeep.server")
 
@@ -110,6 +111,37 @@ def parse_api_keys(spec: str | None) -> dict[str, ApiKey]:
                 context={"variable": "LLM_PROVIDER_CHECKPOINT_API_KEYS", "entry": position},
             )
         keys[parts[0]] = ApiKey(parts[1], parts[2])
+    return keys
+
+
+def checked_keys(settings: Settings, *, isolated: bool | None = None) -> dict[str, ApiKey]:
+    """The API keys of ``settings``, refused if a ``user`` key could see other users' threads.
+
+    Args:
+        settings: The settings to serve.
+        isolated: Whether the served store keeps owners apart (default: the settings'
+            ``LLM_PROVIDER_CHECKPOINT_USER_ISOLATION``).
+
+    Raises:
+        ConfigurationError: an entry is malformed (:func:`parse_api_keys`), or a ``user``-role
+            key is configured while user isolation is off: with no owners kept apart, that
+            key would list, read and delete every user's threads.
+    """
+    keys = parse_api_keys(settings.api_keys)
+    isolated = settings.enforce_user_isolation if isolated is None else isolated
+    users = sorted({key.user for key in keys.values() if key.role == "user"})
+    if users and not isolated:
+        raise ConfigurationError(
+            "LLM_PROVIDER_CHECKPOINT_API_KEYS holds user-role keys (for "
+            f"{', '.join(repr(user) for user in users[:5])}) while "
+            "LLM_PROVIDER_CHECKPOINT_USER_ISOLATION is false: with owners not kept apart, a user "
+            "key would see and delete every user's threads. Turn isolation on "
+            "(LLM_PROVIDER_CHECKPOINT_USER_ISOLATION=true), or give only admin keys",
+            context={
+                "variables": ["LLM_PROVIDER_CHECKPOINT_API_KEYS", "LLM_PROVIDER_CHECKPOINT_USER_ISOLATION"],
+                "users": users[:5],
+            },
+        )
     return keys
 
 
@@ -181,12 +213,6 @@ API: Final[tuple[Endpoint, ...]] = (
     ),
     Endpoint(
         "GET",
-        f"{_THREAD}/checkpoints/{{checkpoint_id}}",
-        "thread_checkpoint",
-        "one checkpoint (a state view)",
-    ),
-    Endpoint(
-        "GET",
         f"{_THREAD}/diff",
         "thread_diff",
         "what changed from checkpoint a to checkpoint b",
@@ -194,6 +220,14 @@ API: Final[tuple[Endpoint, ...]] = (
     ),
     Endpoint(
         "GET", f"{_THREAD}/retention", "thread_retention", "the thread's status, due time, and what spares it"
+    ),
+    # After the routes above: a thread id may hold "/", so ".../checkpoints/state" is the
+    # state of thread ".../checkpoints" (a checkpoint id is never "state", "history", ...).
+    Endpoint(
+        "GET",
+        f"{_THREAD}/checkpoints/{{checkpoint_id}}",
+        "thread_checkpoint",
+        "one checkpoint (a state view)",
     ),
     Endpoint("DELETE", _THREAD, "delete_thread", "delete the thread whole", returns=(204, "no body")),
     Endpoint(
@@ -354,14 +388,6 @@ def _status(params: Mapping[str, str]) -> ThreadStatus | None:
     return text
 
 
-def _root(thread_id: str, checkpoint_id: str | None = None) -> RunnableConfig:
-    """The config of a thread's root graph (namespace ``""``), or of one checkpoint of it."""
-    configurable: dict[str, Any] = {"thread_id": thread_id, "checkpoint_ns": ""}
-    if checkpoint_id is not None:
-        configurable["checkpoint_id"] = checkpoint_id
-    return {"configurable": configurable}
-
-
 @contextlib.contextmanager
 def _scope_of(key: ApiKey) -> Iterator[None]:
     """An admin acts as the operator (every thread); a user for that user only."""
@@ -374,7 +400,7 @@ class _Service:
 
     def __init__(self, settings: Settings, saver: ThreadkeepSaver | None, metrics: Metrics) -> None:
         self.settings = settings
-        self.keys = parse_api_keys(settings.api_keys)
+        self.keys = checked_keys(settings, isolated=None if saver is None else saver.enforce_user_isolation)
         self.metrics = metrics
         self._given = saver
         self._saver = saver
@@ -384,6 +410,10 @@ class _Service:
         self._opening = threading.Lock()
         self._sweeping = threading.Lock()
         self._closed = False  # shut down: nothing opens a store again
+        # `_resolving` guards the ownership resolver, rebuilt when the store served changes.
+        self._resolving = threading.Lock()
+        self._resolver: OwnershipResolver | None = None
+        self._retired: list[OwnershipResolver] = []
 
     @property
     def saver(self) -> ThreadkeepSaver:
@@ -393,6 +423,32 @@ class _Service:
             if self._saver is None:
                 self._saver = open_checkpointer(settings=self.settings, metrics=self.metrics)
             return self._saver
+
+    def resolver_for(self, saver: ThreadkeepSaver) -> OwnershipResolver:
+        """The ownership resolver (SPEC SV2) in front of ``saver``: one per store served, its
+        shared tier the settings' cache URL (``OwnershipResolver.from_settings``)."""
+        with self._resolving:
+            if self._resolver is None or self._resolver.saver is not saver:
+                self._retire()
+                self._resolver = OwnershipResolver.from_settings(saver, self.settings)
+            return self._resolver
+
+    @property
+    def resolver(self) -> OwnershipResolver | None:
+        """The resolver in use, if a thread route built one."""
+        return self._resolver
+
+    def _retire(self) -> None:
+        if self._resolver is not None:
+            self._resolver.close()
+            self._retired.append(self._resolver)
+            self._resolver = None
+
+    def retired(self) -> list[OwnershipResolver]:
+        """Resolvers of stores no longer served, to close their async clients (on the loop)."""
+        with self._resolving:
+            retired, self._retired = self._retired, []
+        return retired
 
     @property
     def opened(self) -> ThreadkeepSaver | None:
@@ -414,15 +470,26 @@ class _Service:
 
     def sweep(self, dry_run: bool) -> dict[str, Any]:
         with self._sweeping:
-            return sweep_checkpoints(self.saver, dry_run=dry_run, metrics=self.metrics).to_dict()
+            saver = self.saver
+            resolver = self.resolver_for(saver)
+
+            def evict(thread_ids: Sequence[str]) -> None:
+                for thread_id in thread_ids:
+                    resolver.evict(thread_id)
+
+            result = sweep_checkpoints(saver, dry_run=dry_run, metrics=self.metrics, on_deleted=evict)
+            return result.to_dict()
 
     def replace_settings(self, settings: Settings) -> None:
+        keys = checked_keys(settings)  # before anything changes: a refused write changes nothing
         with self._sweeping, self._opening:
             old, self._saver = self._saver, None
-            self.settings, self.keys = settings, parse_api_keys(settings.api_keys)
+            self.settings, self.keys = settings, keys
             if old is not None and old is not self._given:
                 old.close()
             self._given = None
+        with self._resolving:
+            self._retire()
 
     def start(self) -> None:
         with self._opening:
@@ -440,6 +507,8 @@ class _Service:
             if self._saver is not None and self._saver is not self._given:
                 self._saver.close()
             self._saver = self._given  # a saver the app was given stays open, and is served again
+        with self._resolving:
+            self._retire()
 
 
 @dataclass(frozen=True, slots=True)
@@ -475,8 +544,28 @@ class _Routes:
         saver: ThreadkeepSaver = await self.run_in_threadpool(lambda: self.service.saver)
         return saver
 
+    async def visible(self, call: _Call) -> str:
+        """The route's thread id, once the ownership resolver (SPEC SV2) says the key may see
+        it: an admin sees every thread; for a user key a thread of another user (counted in
+        ``threadkeep_forbidden_total{operation="read"}``), or none, is not found."""
+        thread_id = call.path["thread_id"]
+        if call.key.role == "admin":
+            return thread_id
+        resolver = self.service.resolver_for(await self.store())
+        try:
+            owner = await resolver.acheck(thread_id, call.key.user)
+        except StorageForbiddenError:
+            raise ThreadNotFoundError(thread_id) from None
+        if owner is None:
+            raise ThreadNotFoundError(thread_id)
+        return thread_id
+
+    async def evict(self, thread_id: str) -> None:
+        """Forget the thread's owner (after a delete or a mark), here and in the shared cache."""
+        await self.service.resolver_for(await self.store()).aevict(thread_id)
+
     async def head(self, thread_id: str, checkpoint_id: str | None = None) -> CheckpointTuple:
-        found = await (await self.store()).aget_tuple(_root(thread_id, checkpoint_id))
+        found = await (await self.store()).aget_tuple(root_config(thread_id, checkpoint_id))
         if found is None:
             raise ThreadNotFoundError(thread_id, checkpoint_id)
         return found
@@ -497,6 +586,8 @@ class _Routes:
             )
         settings = self.service.settings.updated(body)
         await self.run_in_threadpool(self.service.replace_settings, settings)
+        for resolver in self.service.retired():
+            await resolver.aclose()
         public = {
             k: v
             for k, v in settings.as_env().items()
@@ -527,41 +618,18 @@ class _Routes:
         return page.to_dict()
 
     async def thread_state(self, call: _Call) -> Any:
-        return state_view(await self.head(call.path["thread_id"]))
+        return state_view(await self.head(await self.visible(call)))
 
     async def thread_checkpoint(self, call: _Call) -> Any:
-        return state_view(await self.head(call.path["thread_id"], call.path["checkpoint_id"]))
+        return state_view(await self.head(await self.visible(call), call.path["checkpoint_id"]))
 
     async def thread_history(self, call: _Call) -> Any:
-        thread_id, limit, cursor = (
-            call.path["thread_id"],
-            _int(call.query, "limit", 50),
-            call.query.get("cursor"),
-        )
-        if not 1 <= limit <= MAX_PAGE:
-            raise ConfigurationError(
-                f"a page holds 1 to {MAX_PAGE} checkpoints, not {limit}: pass a limit in that range",
-                context={"limit": limit},
-            )
-        saver = await self.store()
-        await self.head(thread_id)
-        if cursor and await saver.aget_tuple(_root(thread_id, cursor)) is None:
-            raise ConfigurationError(
-                f"the cursor {cursor[:40]!r} is not a checkpoint of thread {thread_id!r}: pass the "
-                "next_cursor of the previous page, or no cursor for the first page",
-                context={"cursor": cursor[:40]},
-            )
-        before = _root(thread_id, cursor) if cursor else None
-        listed = saver.alist(_root(thread_id), before=before, limit=limit + 1)
-        rows = [history_view(found) async for found in listed]
-        more = len(rows) > limit
-        return {
-            "checkpoints": rows[:limit],
-            "next_cursor": rows[limit - 1]["checkpoint_id"] if more else None,
-        }
+        limit, cursor = _int(call.query, "limit", 50), call.query.get("cursor")
+        thread_id = await self.visible(call)
+        return await ahistory_page(await self.store(), thread_id, limit=limit, cursor=cursor)
 
     async def thread_diff(self, call: _Call) -> Any:
-        thread_id, a, b = call.path["thread_id"], call.query.get("a"), call.query.get("b")
+        thread_id, a, b = await self.visible(call), call.query.get("a"), call.query.get("b")
         if not a or not b:
             raise ConfigurationError(
                 "a diff needs two checkpoint ids: pass ?a=<earlier id>&b=<later id> (the history lists them)",
@@ -570,30 +638,26 @@ class _Routes:
         return diff_view(await self.head(thread_id, a), await self.head(thread_id, b))
 
     async def thread_retention(self, call: _Call) -> Any:
-        thread_id = call.path["thread_id"]
-        saver = await self.store()
-        found, retention = await self.head(thread_id), await saver.athread_retention(thread_id)
-        if retention is None:
-            raise ThreadNotFoundError(thread_id)
-        now = saver.clock()
-        # No async twin: live_parks is the sweep's one read, cheap for one thread.
-        parked = thread_id in await self.run_in_threadpool(saver.live_parks, [thread_id], now)
-        return retention_view(found, *retention, saver.retention, now=now, parked=parked)
+        return await aretention_of(await self.store(), await self.visible(call))
 
     async def delete_thread(self, call: _Call) -> None:
-        thread_id = call.path["thread_id"]
+        thread_id = await self.visible(call)
         await self.head(thread_id)  # a thread missing, or another user's: 404
         try:
             await (await self.store()).adelete_thread(thread_id)
         except StorageForbiddenError:
             raise ThreadNotFoundError(thread_id) from None
+        finally:
+            await self.evict(thread_id)
 
     async def mark_finished(self, call: _Call) -> Any:
-        thread_id = call.path["thread_id"]
+        thread_id = await self.visible(call)
         try:
             due = await (await self.store()).amark_finished([thread_id])
         except StorageForbiddenError:
             raise ThreadNotFoundError(thread_id) from None
+        finally:
+            await self.evict(thread_id)
         if thread_id not in due:
             raise ThreadNotFoundError(thread_id)
         return {"thread_id": thread_id, "status": "finished", "due": due[thread_id]}
@@ -676,6 +740,8 @@ def create_app(
         service.start()
         yield
         await run_in_threadpool(service.close)
+        for resolver in service.retired():
+            await resolver.aclose()
 
     def json_route(method: Callable[[_Call], Awaitable[Any]]) -> Handler:
         async def handler(request: Request, key: ApiKey) -> Response:
@@ -692,7 +758,9 @@ def create_app(
     guarded = {e.name: json_route(getattr(routes, e.name)) for e in API if e.access != "public"}
     table = [
         Route(
-            endpoint.path,
+            # A thread id may hold "/" (ids are any text, docs/operations.md): the thread id
+            # takes the path up to the route's fixed suffix, the longest such match.
+            endpoint.path.replace("{thread_id}", "{thread_id:path}"),
             public[endpoint.name]
             if endpoint.access == "public"
             else authenticated(guarded[endpoint.name], admin=endpoint.access == "admin"),
@@ -710,7 +778,31 @@ def create_app(
 
     table += inspector.routes(identify)
     # -- end of the inspector page ---------------------------------------------------------------
-    return Starlette(lifespan=lifespan, routes=table)
+
+    app = Starlette(lifespan=lifespan, routes=table, exception_handlers={404: _no_route, 405: _no_route})
+    app.state.service = service  # its resolver's stats: app.state.service.resolver.stats
+    return app
+
+
+async def _no_route(request: Any, error: Exception) -> Any:
+    """An unknown path (404) or method (405), answered as JSON like every refusal."""
+    from starlette.responses import JSONResponse
+
+    status = getattr(error, "status_code", 404)
+    if status == 405:
+        body = {
+            "error": "MethodNotAllowed",
+            "code": "HTTP_405",
+            "message": f"{request.method} is not a method of {request.url.path}: see /openapi.json "
+            "for each route's methods",
+        }
+    else:
+        body = {
+            "error": "NotFound",
+            "code": "HTTP_404",
+            "message": f"no route {request.url.path}: the routes are listed at /openapi.json",
+        }
+    return JSONResponse(body, status_code=status, headers=getattr(error, "headers", None))
 
 
 def serve(host: str = "127.0.0.1", port: int = 8420) -> None:

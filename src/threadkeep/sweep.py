@@ -162,6 +162,7 @@ def sweep_checkpoints(
     dry_run: bool = False,
     progress: Callable[[SweepResult, int], None] | None = None,
     metrics: Metrics | None = None,
+    on_deleted: Callable[[Sequence[str]], None] | None = None,
 ) -> SweepResult:
     """Delete the threads past their horizon that nobody claims (SPEC SW1-SW8).
 
@@ -173,6 +174,8 @@ def sweep_checkpoints(
         progress: Called after each page with the result so far and the number of threads
             the sweep expects to visit (counted once, at the start).
         metrics: Where runs, spared and deleted threads are counted; default: the saver's.
+        on_deleted: Called after each page with the ids of the threads it deleted (``threadkeep
+            serve`` evicts them from its ownership resolver).
 
     Raises:
         Exception: whatever a live-thread filter raised (with a note naming the filter).
@@ -181,7 +184,9 @@ def sweep_checkpoints(
         from threadkeep.providers import open_checkpointer
 
         with open_checkpointer() as owned:
-            return sweep_checkpoints(owned, now=now, dry_run=dry_run, progress=progress, metrics=metrics)
+            return sweep_checkpoints(
+                owned, now=now, dry_run=dry_run, progress=progress, metrics=metrics, on_deleted=on_deleted
+            )
     if saver.declared is not None:
         raise ConfigurationError(
             "sweep the deployment's store with a saver built from its settings (open_checkpointer()), "
@@ -191,7 +196,12 @@ def sweep_checkpoints(
         )
     with operator_scope():
         return _Sweep(
-            saver, saver.clock() if now is None else now, dry_run, progress, metrics or saver.metrics
+            saver,
+            saver.clock() if now is None else now,
+            dry_run,
+            progress,
+            metrics or saver.metrics,
+            on_deleted=on_deleted,
         ).run()
 
 
@@ -203,8 +213,11 @@ class _Sweep:
         dry_run: bool,
         progress: Callable[[SweepResult, int], None] | None,
         metrics: Metrics,
+        *,
+        on_deleted: Callable[[Sequence[str]], None] | None = None,
     ) -> None:
         self.saver = saver
+        self.on_deleted = on_deleted
         self.now = now
         self.dry_run = dry_run
         self.progress = progress
@@ -273,7 +286,10 @@ class _Sweep:
                 deleted = len(doomed)
                 kept += len(page)
             else:
-                deleted = len(self._delete(doomed, horizon))
+                gone = self._delete(doomed, horizon)
+                if gone and self.on_deleted is not None:
+                    self.on_deleted(gone)
+                deleted = len(gone)
                 self.metrics.inc(SWEEP_DELETED, deleted, horizon=horizon)
                 kept += len(page) - deleted  # a store without keys skips what stayed behind
             self.result.swept_count += deleted

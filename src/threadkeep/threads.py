@@ -24,11 +24,13 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal, get_args
 
-from threadkeep.errors import ConfigurationError
+from threadkeep.core.ids import checked_id
+from threadkeep.errors import ConfigurationError, InvalidInputError
 
 __all__ = ["MAX_PAGE", "STATUSES", "Cursor", "ThreadPage", "ThreadQuery", "ThreadStatus", "ThreadSummary"]
 
@@ -51,13 +53,20 @@ class Cursor:
     @classmethod
     def decode(cls, text: str) -> Cursor:
         """Raises:
-        ConfigurationError: a cursor this module did not write (kind ``invalid``: 422)."""
+        ConfigurationError: a cursor this module did not write (kind ``invalid``: 422): not
+            base64 of a JSON pair, a write time that is not a finite number, or a thread id
+            no store could hold (:func:`threadkeep.core.ids.checked_id`)."""
         try:
             raw = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
             written_at, thread_id = json.loads(raw)
-            if not isinstance(written_at, int | float) or not isinstance(thread_id, str):
+            if (
+                isinstance(written_at, bool)
+                or not isinstance(written_at, int | float)
+                or not math.isfinite(written_at)
+            ):
                 raise ValueError(text)
-        except (ValueError, TypeError, binascii.Error):
+            checked_id(thread_id, "cursor")
+        except (ValueError, TypeError, OverflowError, binascii.Error, InvalidInputError):
             raise ConfigurationError(
                 f"the cursor {text[:40]!r} is not one a thread listing returned: pass the "
                 "next_cursor of the previous page, or no cursor for the first page",

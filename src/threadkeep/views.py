@@ -41,6 +41,7 @@ from typing import Any, Final
 from langchain_core.messages import BaseMessage
 from langgraph.checkpoint.base import CheckpointTuple
 
+from threadkeep.core.listing import ThreadRow, summarize
 from threadkeep.core.retention import PlatformRetention, ThreadRetention
 
 __all__ = [
@@ -488,35 +489,61 @@ def retention_view(
     *,
     now: float,
     parked: bool,
+    row: ThreadRow | None = None,
 ) -> dict[str, Any]:
     """A thread's retention, from its newest checkpoint ``head``, what its owner declared,
     its finished due time (``None``: not marked finished), the platform's horizons, the
-    clock, and whether a run on it is parked now.
+    clock, whether a run on it is parked now, and its listing row (``row``; ``None``: a store
+    that cannot read one, Redis).
+
+    With ``row``, ``written_at``, ``due`` and ``status`` are the listing's
+    (:func:`threadkeep.core.listing.summarize`): the thread's waiting clock (its newest
+    checkpoint, or a run's start if later, as the sweep counts it) and "interrupted" as the
+    listing means it (its newest root checkpoint holds an interrupt write). Without it, they
+    are read from ``head``.
 
     Returns:
         ``thread_id``; ``status`` (as the threads listing's: ``parked``, ``interrupted``,
         ``finished`` or ``waiting``); ``written_at``; ``due`` (the finished mark's due time,
-        else the newest write plus the waiting horizon; ``None`` if the write time is
+        else the waiting clock plus the waiting horizon; ``None`` if the write time is
         unreadable); ``horizons`` in force and ``declared`` (minutes, ``None``: the
         platform's) and ``platform``; ``spared_by``: what would make a sweep past ``due``
         spare the thread (``park``: a live park; ``interrupt``: it waits on an interrupt
         younger than the platform's interrupt horizon); registered live-thread filters are
         not asked.
     """
-    written_at = checkpoint_time(head)
-    interrupted = bool(_interrupts(head))
+    stored_at = checkpoint_time(head)
+    waiting = declared.waiting(platform)
+    written_at: float | None
+    due: float | None
+    if row is not None:
+        listed = summarize(row, platform)
+        written_at, due, status = listed.written_at, listed.due, listed.status
+        interrupted, parked = row.interrupted, parked or row.parked_until is not None
+    else:
+        written_at = stored_at
+        interrupted = bool(_interrupts(head))
+        due = (
+            finished_due
+            if finished_due is not None
+            else None
+            if written_at is None
+            else written_at + 60 * waiting
+        )
+        status = (
+            "parked"
+            if parked
+            else "interrupted"
+            if interrupted
+            else "finished"
+            if finished_due
+            else "waiting"
+        )
     since = platform.interrupted_since(now)
     spared_by = ["park"] if parked else []
-    if interrupted and (since is None or (written_at is not None and written_at >= since)):
+    # The sweep spares an interrupt by its checkpoint's time (Backend.interrupted's since).
+    if interrupted and (since is None or (stored_at is not None and stored_at >= since)):
         spared_by.append("interrupt")
-    waiting = declared.waiting(platform)
-    if finished_due is not None:
-        due: float | None = finished_due
-    else:
-        due = None if written_at is None else written_at + 60 * waiting
-    status = (
-        "parked" if parked else "interrupted" if interrupted else "finished" if finished_due else "waiting"
-    )
     return {
         "thread_id": _ids(head)["thread_id"],
         "status": status,

@@ -228,3 +228,33 @@ def test_a_cursor_it_did_not_write_is_refused(cursor: str) -> None:
     with pytest.raises(ConfigurationError) as refused:
         Cursor.decode(cursor)
     assert "next_cursor" in str(refused.value)
+
+
+def test_one_threads_row_is_the_listings_row(open_saver: Opener, api: str) -> None:
+    """``thread_row`` (the retention view's source) reads what the listing shows of a thread;
+    None for another user's thread, or on a store that cannot read one row (Redis)."""
+    from threadkeep.core.listing import summarize
+
+    clock = Clock()
+    saver = open_saver(clock=clock)
+    write(saver, clock, "alice", "waiting")
+    write(saver, clock, "alice", "interrupted", node=_asking)
+    write(saver, clock, "bob", "finished")
+    saver.mark_finished(["finished"], config=config("bob", "finished"))
+    clock.now += 10
+    saver.start_threads(["waiting"], config=config("alice", "waiting"))  # a run starts: the clock moves
+
+    def row(thread_id: str) -> Any:
+        return saver.thread_row(thread_id) if api == "sync" else asyncio.run(saver.athread_row(thread_id))
+
+    with operator_scope():
+        listed = {t.thread_id: t for t in listing(saver, api).threads}
+        if saver.facts.name == "redis":
+            assert row("waiting") is None
+            return
+        for thread_id, shown in listed.items():
+            assert summarize(row(thread_id), saver.retention) == shown
+        assert listed["waiting"].written_at == T0 + 40
+    with user_scope("alice"):
+        assert row("finished") is None  # bob's
+        assert row("nobody") is None

@@ -971,6 +971,13 @@ THREADS_PARKED = _DETAILS.format(
         " AND (%(owner)s::text IS NULL OR t.owner = %(owner)s::text)"
     )
 )
+# One thread's listing row (the retention view's due time and status, as the listing shows
+# them), by its id: the primary key, then the same probes as a page's rows.
+THREAD_ROW = _DETAILS.format(
+    listed=_LISTED.format(
+        where="t.thread_id = %(thread_id)s::text AND (%(owner)s::text IS NULL OR t.owner = %(owner)s::text)"
+    )
+)
 
 # After a delete by run or a copy: each thread's waiting clock is at least its newest
 # checkpoint's time, and interrupt_at names its newest root checkpoint if that holds an

@@ -246,6 +246,9 @@ class SqlBackend:
     def thread_rows(self, scan: ThreadScan) -> Program[list[ThreadRow]]:
         return programs.thread_rows(self.dialect, scan)
 
+    def thread_row(self, thread_id: str, owner: str | None, now: float) -> Program[ThreadRow | None]:
+        return programs.thread_row(self.dialect, thread_id, owner, now)
+
     # the tool-call ledger (SPEC TM5) -------------------------------------------------------------
 
     def begin_tool_call(self, step: CallBegin) -> Program[StoredCall]:

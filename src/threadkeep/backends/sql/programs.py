@@ -37,6 +37,8 @@ from threadkeep.core.retention import ExpiredThread, Park, SweepPage, ThreadRete
 from threadkeep.core.rules import check_handover, check_head, check_owner, required_head, required_owner
 from threadkeep.errors import CheckpointSerializationError, CheckpointStoreFormatError
 
+_INFINITY: Final = float("inf")
+
 __all__ = [
     "FORMAT_GENERATION",
     "INLINE_VALUE_BYTES",
@@ -66,6 +68,7 @@ __all__ = [
     "start_thread",
     "stats",
     "thread_retention",
+    "thread_row",
     "thread_rows",
     "threads_named",
 ]
@@ -163,6 +166,7 @@ class SqlDialect(LedgerDialect, Protocol):
     THREADS_PAGE: str
     THREADS_PAGE_OF_OWNER: str
     THREADS_PARKED: str
+    THREAD_ROW: str
 
     # What only some dialects have (read-only, so a dialect may set them to None).
     @property
@@ -1320,6 +1324,19 @@ def thread_rows(q: SqlDialect, scan: ThreadScan) -> Program[list[ThreadRow]]:
     else:
         statement = q.THREADS_PAGE_OF_OWNER
     rows = yield Sql(statement, scan.params())
+    return _thread_rows(rows)
+
+
+def thread_row(q: SqlDialect, thread_id: str, owner: str | None, now: float) -> Program[ThreadRow | None]:
+    """One thread's listing row, as :func:`thread_rows` reads it; ``None``: no such thread
+    of ``owner`` (``None``: any owner)."""
+    unbounded = ThreadScan(owner, None, -_INFINITY, _INFINITY, _INFINITY, "", now, 1)
+    rows = yield Sql(q.THREAD_ROW, {**unbounded.params(), "thread_id": thread_id})
+    found = _thread_rows(rows)
+    return found[0] if found else None
+
+
+def _thread_rows(rows: Sequence[Sequence[Any]]) -> list[ThreadRow]:
     return [
         ThreadRow(
             thread_id=str(thread_id),

@@ -644,6 +644,9 @@ THREADS_PARKED = _DETAILS.format(
         " AND (:owner IS NULL OR t.owner = :owner)"
     )
 )
+THREAD_ROW = _DETAILS.format(
+    listed=_LISTED.format(where="t.thread_id = :thread_id AND (:owner IS NULL OR t.owner = :owner)")
+)
 
 REFRESH_THREADS = f"""
 UPDATE tk_threads SET

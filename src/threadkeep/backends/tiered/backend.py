@@ -400,6 +400,10 @@ class TieredBackend:
         rows = yield Durable(lambda: self.durable.thread_rows(scan))
         return rows  # type: ignore[no-any-return]
 
+    def thread_row(self, thread_id: str, owner: str | None, now: float) -> Program[ThreadRow | None]:
+        row = yield Durable(lambda: self.durable.thread_row(thread_id, owner, now))
+        return row  # type: ignore[no-any-return]
+
     # the store ---------------------------------------------------------------------------------
 
     # the tool-call ledger (SPEC TM5): Postgres only, never cached, so it holds with the cache lost
