@@ -33,6 +33,7 @@ COMMANDS = {
     "sweep.json": "./dev bench sweep --runs 3 --threads 100000 --json bench/results/sweep.json",
     "startup.json": "./dev bench startup --runs 15 --json bench/results/startup.json",
     "ledger.json": "./dev bench ledger --runs 5 --json bench/results/ledger.json",
+    "threads.json": "./dev bench threads --runs 15 --json bench/results/threads.json",
 }
 # What "better" and "worse" are called for each kind of figure; "rate" is the one where more is better.
 WORDS = {
@@ -298,6 +299,25 @@ def ledger(results: dict[str, Any]) -> list[str]:
     return out
 
 
+def threads(results: dict[str, Any]) -> list[str]:
+    page_size = results.get("page", 50)
+    out = [
+        f"Milliseconds to read a page of {page_size} threads (`saver.threads`), the median of the runs, in"
+        " stores seeded with that many threads: the first page, a page deep in the listing (by its"
+        " cursor), the finished threads only, and one user's threads:",
+        "",
+        "| store | threads | first page | deep page | finished | one user's |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for store, sizes in results.get("stores", {}).items():
+        for size, r in sizes.items():
+            out.append(
+                f"| {label(store)} | {int(size):,} | {r['first_page_ms']:.2f} | {r['deep_page_ms']:.2f}"
+                f" | {r['finished_ms']:.2f} | {r['user_page_ms']:.2f} |"
+            )
+    return out
+
+
 def environment(folder: Path) -> list[str]:
     """One row per recorded property; a value that differs between files names the files."""
     seen: dict[str, dict[str, list[str]]] = {}
@@ -336,6 +356,7 @@ BLOCKS: dict[str, tuple[tuple[str, ...], Callable[[dict[str, Any]], list[str]]]]
     "sweep": (("sweep.json",), sweep),
     "startup": (("startup.json",), startup),
     "ledger": (("ledger.json",), ledger),
+    "threads": (("threads.json",), threads),
 }
 
 
