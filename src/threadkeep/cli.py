@@ -26,6 +26,7 @@ import click
 
 from threadkeep.errors import (
     CheckpointStoreFormatError,
+    MissingExtraError,
     StorageError,
     ThreadkeepError,
     ThreadNotFoundError,
@@ -44,9 +45,9 @@ EXIT_NOT_FOUND = 4
 EXIT_UNAVAILABLE = 5
 
 EXIT_CODES_HELP = (
-    "Exit codes: 0 ok; 1 an error the message explains; 2 bad usage or invalid input (an "
-    "option, setting, filter, cursor, time or id); 3 the store needs a reset; 4 no such thread "
-    "or checkpoint; 5 the store is unavailable."
+    "Exit codes: 0 ok; 1 an error the message explains (a missing extra too); 2 bad usage or "
+    "invalid input (an option, setting, filter, cursor, time or id); 3 the store needs a reset; "
+    "4 no such thread or checkpoint; 5 the store is unavailable."
 )
 
 
@@ -66,6 +67,9 @@ class _Group(click.Group):
             click.echo(f"error: {error}", err=True)
             # A conflict or another user's thread is an answer of the store, not its absence.
             sys.exit(EXIT_UNAVAILABLE if error.kind == "unavailable" else EXIT_ERROR)
+        except MissingExtraError as error:  # the install, not the input: the message names it
+            click.echo(f"error: {error}", err=True)
+            sys.exit(EXIT_ERROR)
         except ThreadkeepError as error:
             click.echo(f"error: {error}", err=True)
             # Invalid input of any kind (a setting, a filter, a cursor, a retention): usage.
