@@ -284,6 +284,35 @@ def _results(replies: Sequence[Any]) -> list[Any]:
     return list(replies)
 
 
+@dataclass(frozen=True, slots=True)
+class _Send:
+    """One pipelined round trip of a :class:`Pipeline`; the reply: each request's reply, or
+    its error."""
+
+    requests: tuple[Script | Command, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class _Load:
+    """Load scripts into the server's script cache (every primary of a cluster)."""
+
+    names: frozenset[str]
+
+
+def _pipelined(requests: Sequence[Script | Command]) -> Program[list[Any]]:
+    """A :class:`Pipeline` run: its requests in one round trip, then, where the server did
+    not know a script (a restart emptied its cache), that script loaded and only those
+    requests sent again."""
+    replies = list((yield _Send(tuple(requests))))
+    unloaded = _unloaded(requests, replies)
+    if unloaded:
+        yield _Load(frozenset(requests[position].name for position in unloaded))  # type: ignore[union-attr]
+        again = yield _Send(tuple(requests[position] for position in unloaded))
+        for position, reply in zip(unloaded, again, strict=True):
+            replies[position] = reply
+    return _results(replies)
+
+
 class RedisEngine:
     """Clients and script calls for one Redis deployment.
 
@@ -506,7 +535,7 @@ class RedisEngine:
         if isinstance(request, Command):
             return client.execute_command(*request.args)
         if isinstance(request, Pipeline):
-            return self._pipeline(client, request.requests)
+            return drive(_pipelined(request.requests), partial(self._pipeline_step, client))
         if isinstance(request, _ScanPage):
             return _scan_reply(client.scan(**_scan_arguments(client, request)))
         if isinstance(request, Scan):
@@ -521,25 +550,20 @@ class RedisEngine:
         if isinstance(request, Command):
             return await client.execute_command(*request.args)
         if isinstance(request, Pipeline):
-            return await self._pipeline_async(client, request.requests)
+            return await drive_async(_pipelined(request.requests), partial(self._pipeline_step_async, client))
         if isinstance(request, _ScanPage):
             return _scan_reply(await client.scan(**_scan_arguments(client, request)))
         if isinstance(request, Scan):
             return await drive_async(_scan(request.pattern), partial(self._execute_async, client))
         raise TypeError(f"the redis engine cannot run {request!r}")
 
-    def _pipeline(self, client: Any, requests: Sequence[Script | Command]) -> list[Any]:
-        """Run ``requests`` in one round trip (:class:`Pipeline`); a second one runs, after
-        loading them, the scripts the server did not know."""
-        replies = self._send(client, requests)
-        unloaded = _unloaded(requests, replies)
-        if unloaded:
-            for name in {requests[position].name for position in unloaded}:  # type: ignore[union-attr]
+    def _pipeline_step(self, client: Any, step: _Send | _Load) -> Any:
+        """One step of :func:`_pipelined`: a round trip, or scripts loaded."""
+        if isinstance(step, _Load):
+            for name in step.names:
                 client.script_load(script_source(name))
-            again = self._send(client, [requests[position] for position in unloaded])
-            for position, reply in zip(unloaded, again, strict=True):
-                replies[position] = reply
-        return _results(replies)
+            return None
+        return self._send(client, step.requests)
 
     def _send(self, client: Any, requests: Sequence[Script | Command]) -> list[Any]:
         if not requests:
@@ -550,17 +574,12 @@ class RedisEngine:
             pipe.execute_command(*_call(request))
         return list(pipe.execute(raise_on_error=False))
 
-    async def _pipeline_async(self, client: Any, requests: Sequence[Script | Command]) -> list[Any]:
-        """The same as :meth:`_pipeline`, on an async client."""
-        replies = await self._send_async(client, requests)
-        unloaded = _unloaded(requests, replies)
-        if unloaded:
-            for name in {requests[position].name for position in unloaded}:  # type: ignore[union-attr]
+    async def _pipeline_step_async(self, client: Any, step: _Send | _Load) -> Any:
+        if isinstance(step, _Load):
+            for name in step.names:
                 await client.script_load(script_source(name))
-            again = await self._send_async(client, [requests[position] for position in unloaded])
-            for position, reply in zip(unloaded, again, strict=True):
-                replies[position] = reply
-        return _results(replies)
+            return None
+        return await self._send_async(client, step.requests)
 
     async def _send_async(self, client: Any, requests: Sequence[Script | Command]) -> list[Any]:
         if not requests:
