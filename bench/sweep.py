@@ -37,7 +37,7 @@ BASELINE_SECONDS = 15.0
 # N threads, 3 checkpoints each with 2 channel values, 2 pending writes and 3 messages with
 # their links; created 30 days ago. Even tids are marked finished (due 29 days ago).
 SEED = (
-    """INSERT INTO tk_threads (thread_id, owner, created_at, finished_due)
+    """INSERT INTO tk_threads (thread_id, owner, active_at, finished_due)
     SELECT 'expired-' || n, 'anonymous', %(then)s,
            CASE WHEN n %% 2 = 0 THEN %(then)s + 86400 END
     FROM generate_series(1, %(threads)s) AS n""",

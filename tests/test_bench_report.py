@@ -121,3 +121,13 @@ def test_a_startup_run_times_each_saver_in_processes_of_its_own(tmp_path: Path) 
         figures = results[name]
         assert all(figures[key] > 0 for key in ("import", "open", "first_load"))
         assert figures["open_first_load"] == pytest.approx(figures["open"] + figures["first_load"])
+
+
+@pytest.mark.postgres
+def test_a_sweep_run_seeds_the_current_schema_and_sweeps_every_expired_thread() -> None:
+    from bench import sweep
+
+    result = sweep.one_run(20, with_writer=False)
+
+    assert (result["swept"], result["finished_swept"], result["waiting_swept"]) == (20, 10, 10)
+    assert result["peak_rss_mib"] > 0
