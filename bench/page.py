@@ -266,10 +266,13 @@ def startup(results: dict[str, Any]) -> list[str]:
         ("first load (ms)", get("first_load"), "time"),
         ("open + first load (ms)", get("open_first_load"), "time"),
     ]
+    if all("second_load" in figures for name, figures in results.items() if name != RUN):
+        rows.append(("second load (ms)", get("second_load"), "time"))
     runs = results.get(RUN, {}).get("args", {}).get("runs")
     each = f", the median of {runs} processes each" if runs else ""
     out = [f"In a new process{each}, against LangGraph's `AsyncPostgresSaver`:", ""]
-    return out + compare(results, rows, against(["threadkeep-postgres"], "langgraph-postgres"))
+    ours = ["threadkeep-postgres", "threadkeep-postgres-ungated"]
+    return out + compare(results, rows, against(ours, "langgraph-postgres"))
 
 
 def ledger(results: dict[str, Any]) -> list[str]:

@@ -22,6 +22,7 @@ LABELS = {
     "threadkeep-sqlite": "threadkeep sqlite",
     "threadkeep-sqlite-full": "threadkeep sqlite, synchronous=FULL",
     "threadkeep-postgres": "threadkeep postgres",
+    "threadkeep-postgres-ungated": "threadkeep postgres, no format gate",
     "threadkeep-pg-z256": "threadkeep postgres, compress over 256 B",
     "threadkeep-redis": "threadkeep redis",
     "threadkeep-tiered": "threadkeep tiered",
