@@ -9,6 +9,7 @@ pair differ only in how the program is run.
 from __future__ import annotations
 
 import builtins
+import contextlib
 import copy
 import random
 import time
@@ -273,28 +274,27 @@ class ThreadkeepSaver(BaseCheckpointSaver[str]):
     def _run(
         self, make: ProgramFactory[T], *, write: bool = False, atomic: bool = True, op: str = "read"
     ) -> T:
-        started = time.perf_counter()
-        try:
-            result = self.backend.engine.run(make, write=write, atomic=atomic)
-        except (StaleStateError, StorageForbiddenError) as error:
-            self._refused(error, op)
-            raise
-        if write:
-            self._meters.wrote(op, time.perf_counter() - started)
-        return result
+        with self._metered(write, op):
+            return self.backend.engine.run(make, write=write, atomic=atomic)
 
     async def _arun(
         self, make: ProgramFactory[T], *, write: bool = False, atomic: bool = True, op: str = "read"
     ) -> T:
+        with self._metered(write, op):
+            return await self.backend.engine.arun(make, write=write, atomic=atomic)
+
+    @contextlib.contextmanager
+    def _metered(self, write: bool, op: str) -> Iterator[None]:
+        """Count a call of ``op`` that ran inside: a refusal (a conflict, another user's
+        thread), and a ``write``'s duration once it stored."""
         started = time.perf_counter()
         try:
-            result = await self.backend.engine.arun(make, write=write, atomic=atomic)
+            yield
         except (StaleStateError, StorageForbiddenError) as error:
             self._refused(error, op)
             raise
         if write:
             self._meters.wrote(op, time.perf_counter() - started)
-        return result
 
     def _refused(self, error: Exception, op: str) -> None:
         if isinstance(error, StaleStateError):
