@@ -74,19 +74,27 @@ def _dsn(schema: str) -> str:
     return f"{POSTGRES_URL} options='-c search_path={schema}'"
 
 
-# What a schema holds, as a digest: its relations, columns, indexes, constraints, triggers,
-# rules, policies, sequences and privileges, tk_state, the recorded format and migrations.
-# Names are the schema's own (its name taken out of the definitions that qualify with it).
-# Relations are found by one scan of pg_class (there is no index on the namespace); the rest
-# is looked up by relation.
+# What a schema holds, as a digest, and the bytes its tables take: the objects in it (found
+# through their dependency on it, by index: pg_class has no index on the namespace, and a
+# scan of it costs what the catalog has grown to), its relations' columns, indexes,
+# constraints, triggers, rules, policies and sequences, its functions, its privileges, and
+# the recorded format and migrations. Names are the schema's own (its name taken out of the
+# definitions that qualify with it).
 _SHAPE = """
-WITH rel AS (
+WITH member AS (
+    SELECT classid, objid FROM pg_depend
+    WHERE refclassid = 'pg_namespace'::regclass AND refobjid = %(namespace)s
+), rel AS (
     SELECT oid, relname, relkind, relpersistence, reloptions, relacl, relowner, relrowsecurity, relreplident
-    FROM pg_class WHERE relnamespace = %(namespace)s
+    FROM pg_class WHERE oid IN (SELECT objid FROM member WHERE classid = 'pg_class'::regclass)
 )
-SELECT md5(replace(string_agg(line, E'\\n' ORDER BY line), %(schema)s || '.', '')) FROM (
+SELECT md5(replace(string_agg(line, E'\\n' ORDER BY line), %(schema)s || '.', '')),
+       (SELECT sum(pg_total_relation_size(oid)) FROM rel WHERE relkind = 'r')
+FROM (
+    SELECT format('object %%s', pg_describe_object(classid, objid, 0)) AS line FROM member
+    UNION ALL
     SELECT format('relation %%s %%s %%s %%s %%s %%s %%s %%s', relname, relkind, relpersistence, reloptions,
-                  relacl, relowner, relrowsecurity, relreplident) AS line
+                  relacl, relowner, relrowsecurity, relreplident)
     FROM rel
     UNION ALL
     SELECT format('column %%s.%%s %%s %%s %%s %%s %%s', r.relname, a.attname,
@@ -116,7 +124,7 @@ SELECT md5(replace(string_agg(line, E'\\n' ORDER BY line), %(schema)s || '.', ''
     SELECT format('function %%s(%%s) %%s %%s %%s %%s %%s', p.proname,
                   pg_get_function_identity_arguments(p.oid), pg_get_function_result(p.oid), p.provolatile,
                   p.proconfig, p.proacl, md5(p.prosrc))
-    FROM pg_proc AS p WHERE p.proname = 'tk_state' AND p.pronamespace = %(namespace)s
+    FROM member AS m JOIN pg_proc AS p ON p.oid = m.objid AND m.classid = 'pg_proc'::regclass
     UNION ALL
     SELECT format('schema %%s %%s', nspacl, nspowner) FROM pg_namespace WHERE oid = %(namespace)s
     UNION ALL
@@ -141,9 +149,6 @@ SELECT c.relname, a.attname FROM pg_class AS c JOIN pg_attribute AS a ON a.attre
 WHERE c.relnamespace = %(namespace)s AND a.attidentity <> ''
 """
 _RESTART = "SELECT setval(pg_get_serial_sequence(%(table)s, %(column)s), 1, false)"
-_SIZE = """
-SELECT sum(pg_total_relation_size(oid)) FROM pg_class WHERE relnamespace = %(namespace)s AND relkind = 'r'
-"""
 # A schema whose tables (their dead rows, which nothing vacuums on a server without
 # autovacuum, included) take more than this is not lent again.
 _REUSE_BYTES = 2 * 1024 * 1024
@@ -216,10 +221,8 @@ class SchemaPool:
                 found = conn.execute(_NAMESPACE, {"schema": schema}).fetchone()
                 if found is None:  # the test dropped it
                     return None
-                names = {"namespace": found[0], "schema": schema}
-                if conn.execute(_SHAPE, names).fetchone()[0] != shape:
-                    return None
-                if (conn.execute(_SIZE, names).fetchone()[0] or 0) > _REUSE_BYTES:
+                got, size = conn.execute(_SHAPE, {"namespace": found[0], "schema": schema}).fetchone()
+                if got != shape or size > _REUSE_BYTES:
                     return None
                 for table in tables:
                     conn.execute(sql.SQL("DELETE FROM {}").format(sql.Identifier(table)))
