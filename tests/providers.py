@@ -316,10 +316,13 @@ def drop_redis_prefixes() -> None:
         return
     import redis
 
+    # One pass over the keyspace for every prefix (a pass per prefix cost ~1,000 passes a run),
+    # the keys deleted a thousand at a time.
     client = redis.Redis.from_url(REDIS_URL)
-    for prefix in _PREFIXES:
-        for key in client.scan_iter(match=f"{prefix}*", count=1000):
-            client.delete(key)
+    prefixes = tuple(prefix.encode() for prefix in _PREFIXES)
+    doomed = [key for key in client.scan_iter(count=1000) if key.startswith(prefixes)]
+    for start in range(0, len(doomed), 1000):
+        client.delete(*doomed[start : start + 1000])
     _PREFIXES.clear()
 
 
