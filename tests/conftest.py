@@ -11,6 +11,7 @@ import pytest
 
 from tests.providers import (
     CASES,
+    SCHEMAS,
     SHARED_STORE,
     Opener,
     ProviderCase,
@@ -20,6 +21,16 @@ from tests.providers import (
 )
 
 CONFORMANCE_REPORTS: list[str] = []
+_PASSED = pytest.StashKey[bool]()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    """Remember whether the test itself passed (the provider fixture reuses its store then)."""
+    report = yield
+    if report.when == "call":
+        item.stash[_PASSED] = report.passed
+    return report
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -44,24 +55,30 @@ def provider(request: pytest.FixtureRequest) -> ProviderCase:
 
 
 @pytest.fixture
-def open_saver(provider: ProviderCase, tmp_path: Path) -> Iterator[Opener]:
+def open_saver(provider: ProviderCase, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Opener]:
     """Open savers on one fresh store of the provider; all are closed after the test.
 
     Every call opens a new saver instance on the same store (for providers that can share
     one); ``fresh=True`` opens a new, separate store.
     """
     opened: list[Any] = []
-    store = provider.open(tmp_path, uuid.uuid4().hex)
+    closed = False
+    try:
+        store = provider.open(tmp_path, uuid.uuid4().hex)
 
-    def open_(*, fresh: bool = False, **options: Any) -> Any:
-        opener = provider.open(tmp_path, uuid.uuid4().hex) if fresh else store
-        saver = opener(**options)
-        opened.append(saver)
-        return saver
+        def open_(*, fresh: bool = False, **options: Any) -> Any:
+            opener = provider.open(tmp_path, uuid.uuid4().hex) if fresh else store
+            saver = opener(**options)
+            opened.append(saver)
+            return saver
 
-    yield open_
-    for saver in opened:
-        saver.close()
+        yield open_
+        for saver in opened:
+            saver.close()
+        closed = True
+    finally:
+        # The Postgres schemas of a test that passed are emptied for others (tests/providers.py).
+        SCHEMAS.give_back(reusable=closed and request.node.stash.get(_PASSED, False))
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

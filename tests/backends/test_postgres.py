@@ -374,6 +374,29 @@ def test_p6_migrations_are_serialized_by_an_advisory_lock(provider: Any) -> None
         assert conn.execute("SELECT value FROM tk_meta").fetchall() == [(str(FORMAT_GENERATION),)]
 
 
+def test_p6_a_new_store_is_upgraded_on_one_connection_one_transaction_per_migration(
+    provider: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Opening a new store connects twice: for the format gate's read, then for the whole
+    upgrade, whose migrations each commit on their own (one transaction id each)."""
+    from threadkeep.backends.postgres.engine import PostgresEngine
+
+    dsn = postgres_schema(uuid.uuid4().hex)
+    connections: list[float | None] = []
+    original = PostgresEngine.connect
+
+    def counted(engine: PostgresEngine, timeout: float | None = None) -> Any:
+        connections.append(timeout)
+        return original(engine, timeout)
+
+    monkeypatch.setattr(PostgresEngine, "connect", counted)
+    open_checkpointer("postgres", dsn, settings=Settings()).close()
+    assert len(connections) == 2
+    with connect(dsn) as conn:
+        transactions = conn.execute("SELECT count(DISTINCT xmin::text) FROM tk_migrations").fetchone()[0]
+    assert transactions == len(_MIGRATIONS)
+
+
 def test_p6_a_postgres_store_of_another_generation_is_refused(open_saver: Opener) -> None:
     saver = open_saver()
     run_turns(build_agent(saver), "t", 1)

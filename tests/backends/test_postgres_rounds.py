@@ -17,7 +17,7 @@ from threadkeep.backends.postgres.rounds import (
     planned,
     round_trips,
 )
-from threadkeep.core.program import Batch, Sql, SqlMany
+from threadkeep.core.program import END_TRANSACTION, Batch, Sql, SqlMany
 
 
 def trace(program: Any, transaction: bool, answer: Any) -> tuple[list[list[Any]], Any, InFlight]:
@@ -64,6 +64,22 @@ def test_a_lone_statement_that_may_commit_goes_alone_without_begin_or_commit() -
     sent, result, in_flight = trace(put(), True, answers)
     assert sent == [[WRITE]]
     assert result == [[("INSERT row",)]]
+    assert in_flight.commits
+
+
+def test_a_program_of_several_transactions_commits_at_each_end_and_begins_anew() -> None:
+    def upgrade() -> Any:
+        first = yield LOCK
+        yield END_TRANSACTION
+        yield END_TRANSACTION  # no transaction open: nothing to send
+        yield Batch((WRITE,), wanted=False)
+        yield END_TRANSACTION
+        second = yield LOCK
+        return first, second
+
+    sent, result, in_flight = trace(upgrade(), True, answers)
+    assert sent == [[BEGIN, LOCK], [COMMIT], [BEGIN, WRITE, COMMIT], [BEGIN, LOCK], [COMMIT]]
+    assert result == ([("SELECT lock",)], [("SELECT lock",)])
     assert in_flight.commits
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from typing import Any
 
@@ -9,6 +10,7 @@ import pytest
 
 from tests.providers import Opener
 from threadkeep import StorageError
+from threadkeep.core.program import END_TRANSACTION, Program, Sql
 from threadkeep.workload import MESSAGES_PER_TURN, build_agent, turn_input
 
 CONFIG = {"configurable": {"thread_id": "atomic"}}
@@ -78,3 +80,28 @@ def test_w1_a_put_as_one_statement_that_fails_midway_stores_nothing(
     assert saver.get_tuple(CONFIG).checkpoint["id"] == head.checkpoint["id"]
     graph.invoke(turn_input(1), CONFIG)  # the head was not moved: the thread goes on
     assert len(saver.get_tuple(CONFIG).checkpoint["channel_values"]["messages"]) == 2 * MESSAGES_PER_TURN
+
+
+@pytest.mark.providers("sqlite", "postgres")
+def test_p6_a_schema_program_commits_each_step_it_ends(open_saver: Opener) -> None:
+    """``setup`` (and ``asetup``) commits at each END_TRANSACTION a schema program yields: a
+    step that fails after it takes back only its own writes (each migration of an upgrade
+    commits on its own)."""
+    engine = open_saver().backend.engine
+
+    def steps(table: str) -> Program[None]:
+        yield Sql(f"CREATE TABLE {table} (n INTEGER)", {})
+        yield Sql(f"INSERT INTO {table} (n) VALUES (1)", {})
+        yield END_TRANSACTION
+        yield Sql(f"INSERT INTO {table} (n) VALUES (2)", {})
+        raise RuntimeError("the second step fails")
+
+    def rows(table: str) -> Program[list[Any]]:
+        return [tuple(row) for row in (yield Sql(f"SELECT n FROM {table}", {}))]
+
+    with pytest.raises((RuntimeError, StorageError), match="the second step fails"):
+        engine.setup(lambda: steps("tk_probe_sync"))
+    assert engine.setup(lambda: rows("tk_probe_sync")) == [(1,)]
+    with pytest.raises((RuntimeError, StorageError), match="the second step fails"):
+        asyncio.run(engine.asetup(lambda: steps("tk_probe_async")))
+    assert engine.setup(lambda: rows("tk_probe_async")) == [(1,)]

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from langgraph.types import Durability
 
 from tests.providers import POSTGRES_URL, postgres_schema
 from tests.servers import TcpProxy
@@ -817,16 +818,20 @@ def test_w4_failed_cancelled_timed_out_and_racing_calls_fail_no_call_after_them(
                 holder.execute("ROLLBACK")
 
         # A graph per call: its fake model's script is a generator that two runs at once
-        # (their nodes in threads) would step together.
-        def call(thread_id: str) -> Any:
+        # (their nodes in threads) would step together. A call on the held thread runs with
+        # durability "sync": it is given up at its first step that waits on the lock (each
+        # try cut at the command timeout), where LangGraph's default would go on to give up
+        # every later put of the turn in turn, some 3 s each.
+        def call(thread_id: str, durability: Durability | None = None) -> Any:
             try:
-                return build_agent(saver).invoke(turn_input(0), config(thread_id))
+                return build_agent(saver).invoke(turn_input(0), config(thread_id), durability=durability)
             except ThreadkeepError as error:
                 return error
 
-        async def acall(thread_id: str) -> Any:
+        async def acall(thread_id: str, durability: Durability | None = None) -> Any:
             try:
-                return await build_agent(saver).ainvoke(turn_input(0), config(thread_id))
+                graph = build_agent(saver)
+                return await graph.ainvoke(turn_input(0), config(thread_id), durability=durability)
             except ThreadkeepError as error:
                 return error
 
@@ -853,7 +858,7 @@ def test_w4_failed_cancelled_timed_out_and_racing_calls_fail_no_call_after_them(
                         kept("racing", list(pool.map(call, [f"race-{r}"] * 2)))
                 if "timed out" in kinds:
                     with held():
-                        kept("timed out", call("held"))
+                        kept("timed out", call("held", "sync"))
                 outcomes["good"].append(call(f"good-{r}"))
             with user_scope("bob"):
                 outcomes["after"] = [call(f"after-{k}") for k in range(40)]
@@ -870,7 +875,7 @@ def test_w4_failed_cancelled_timed_out_and_racing_calls_fail_no_call_after_them(
                     kept("cancelled", await cancelled(f"cancel-{r}", r * 7 % 40))
                 if "timed out" in kinds:
                     with held():
-                        kept("timed out", await acall("held"))
+                        kept("timed out", await acall("held", "sync"))
                         kept("cancelled", await cancelled("held", None))
                 good, bad = await asyncio.gather(acall(f"good-{r}"), acall(f"poison-x{r}"))
                 outcomes["good"].append(good)

@@ -11,9 +11,19 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import Any, Final, Protocol, TypeVar
 
-__all__ = ["Batch", "Engine", "Program", "ProgramFactory", "Sql", "SqlMany", "drive", "drive_async"]
+__all__ = [
+    "END_TRANSACTION",
+    "Batch",
+    "Engine",
+    "Program",
+    "ProgramFactory",
+    "Sql",
+    "SqlMany",
+    "drive",
+    "drive_async",
+]
 
 T = TypeVar("T")
 # drive_async's default request: none made yet, the program is to be started.
@@ -59,13 +69,20 @@ class Batch:
     goes on: an engine sends the transaction's COMMIT with them (or nothing more, for a lone
     statement that no transaction precedes: one statement is atomic), and runs what the
     program asks next in a new transaction. An engine that holds one transaction for the
-    whole program (SQLite) may keep it.
+    whole program (SQLite) may keep it, except in a schema program (:meth:`Engine.setup`),
+    where every such batch ends its transaction (:data:`END_TRANSACTION`).
     """
 
     requests: tuple[Sql | SqlMany, ...]
     wanted: bool = True
     independent: bool = False
     ends: bool = False
+
+
+# The end of a transaction in a schema program of several (the upgrade of a store: its format
+# checked, each migration, its format recorded): what came before commits, and what the
+# program asks next runs in a transaction of its own. ``Engine.setup`` honours it always.
+END_TRANSACTION: Final = Batch((), wanted=False, ends=True)
 
 
 class Engine(Protocol):
@@ -86,7 +103,9 @@ class Engine(Protocol):
         ...
 
     def setup(self, make: ProgramFactory[T]) -> T:
-        """Run a schema program (the format gate, a migration) in its own write transaction."""
+        """Run a schema program (the format gate, a migration) on one connection, in a write
+        transaction that each :data:`END_TRANSACTION` it yields commits (what it asks next
+        runs in a new one); a retry runs the whole program again."""
         ...
 
     def close(self) -> None:

@@ -416,9 +416,12 @@ class PostgresEngine:
     def setup(self, make: ProgramFactory[T], *, transaction: bool = True) -> T:
         """Like :meth:`run`, on a short-lived connection: the format gate and migrations run
         before any pool is needed (an application that only uses the async API never opens a
-        sync pool). Unbounded by the command timeout, as maintenance: a migration may
-        rewrite a table, and a second process waits for the first one's migrations. A read
-        that is one statement at a time needs no ``transaction``."""
+        sync pool). A program of several transactions (the upgrade of a store: each step
+        ends at :data:`~threadkeep.core.program.END_TRANSACTION`) runs them all on that one
+        connection; a retry runs it again whole. Unbounded by the command timeout, as
+        maintenance: a migration may rewrite a table, and a second process waits for the
+        first one's migrations. A read that is one statement at a time needs no
+        ``transaction``."""
         prepare = self._preparing[False]
         with maintenance():
             return self._retrying(

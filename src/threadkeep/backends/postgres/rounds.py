@@ -151,18 +151,23 @@ def round_trips(
     statement one. A batch that may commit on its own (``Batch(ends=True)``) carries the
     COMMIT, or goes alone if it is one statement that no transaction precedes (a put as one
     statement: one round trip); what the program asks after it runs in a new transaction.
-    A failed round trip is raised inside the program, as :func:`~threadkeep.core.program.drive`
-    does. ``in_flight`` is told, before each round trip is yielded, whether it may commit.
+    An empty one (:data:`~threadkeep.core.program.END_TRANSACTION`) carries only the COMMIT,
+    and nothing at all when no transaction is open. A failed round trip is raised inside
+    the program, as :func:`~threadkeep.core.program.drive` does. ``in_flight`` is told,
+    before each round trip is yielded, whether it may commit.
     """
     held: list[Sql | SqlMany] = []
     begun = False
+    reply: Any
     try:
         request = next(program)
     except StopIteration as stop:  # a program with nothing to do
         return stop.value  # type: ignore[no-any-return]
     while True:
         try:
-            if isinstance(request, Batch) and request.ends:
+            if isinstance(request, Batch) and request.ends and not (request.requests or begun or held):
+                reply = []  # a transaction's end (END_TRANSACTION) with no transaction open
+            elif isinstance(request, Batch) and request.ends:
                 statements, shape = _statements(request)
                 lone = not begun and not held and len(statements) == 1
                 opening = [BEGIN] if transaction and not begun and not lone else []
@@ -174,7 +179,7 @@ def round_trips(
                 results = yield sent
                 if closing:
                     _check_committed(results[-1])
-                reply: Any = shape(results[first : first + len(statements)])
+                reply = shape(results[first : first + len(statements)])
             elif isinstance(request, Batch) and not request.wanted:
                 fused = _fuse(request)
                 held.extend([fused] if fused is not None else request.requests)

@@ -114,32 +114,24 @@ class SqlBackend:
 
     def open(self) -> None:
         """Check the format gate, then bring the schema up to date (SPEC P6). A store that is
-        up to date already is checked in one short read."""
-        current, upgrade = self._gate()
-        if not self.engine.setup(current, transaction=False):
-            for step in upgrade:
-                self.engine.setup(step)
+        up to date already is checked in one short read; one that is not is upgraded on one
+        connection, each step in its own transaction (:func:`programs.upgrade`)."""
+        if not self.engine.setup(self._current, transaction=False):
+            self.engine.setup(self._upgrade)
 
     async def aopen(self) -> None:
         """:meth:`open`, on the event loop's connections."""
-        current, upgrade = self._gate()
-        if not await self.engine.asetup(current, transaction=False):
-            for step in upgrade:
-                await self.engine.asetup(step)
+        if not await self.engine.asetup(self._current, transaction=False):
+            await self.engine.asetup(self._upgrade)
 
-    def _gate(self) -> tuple[ProgramFactory[bool], list[ProgramFactory[Any]]]:
-        """The format gate: whether the store is up to date already, and, if not, the
-        programs that check its format, migrate it and record the format, in order."""
-        q = self.dialect
-        versions = [migration.version for migration in self.migrations]
-        newest = max(versions, default=0)
-        upgrade: list[ProgramFactory[Any]] = [lambda: programs.ensure_format(q)]
-        upgrade += [
-            lambda m=migration: programs.apply_migration(q, m.version, m.statements, time.time())  # type: ignore[misc]
-            for migration in self.migrations
-        ]
-        upgrade += [lambda: programs.check_schema(q, newest), lambda: programs.record_format(q)]
-        return (lambda: programs.is_current(q, versions)), upgrade
+    def _current(self) -> Program[bool]:
+        """The format gate: whether the store is up to date already."""
+        return programs.is_current(self.dialect, [migration.version for migration in self.migrations])
+
+    def _upgrade(self) -> Program[None]:
+        """Check the store's format, migrate it and record the format, step by step."""
+        steps = [(migration.version, migration.statements) for migration in self.migrations]
+        return programs.upgrade(self.dialect, steps, time.time())
 
     def put(self, step: PutStep) -> Program[RunnableConfig]:
         return programs.put(self.dialect, step)

@@ -1,7 +1,8 @@
 """The storage operations as programs, written once for every SQL dialect.
 
 Each function here is a program (see :mod:`threadkeep.core.program`): it yields the
-statements of one transaction, in order, and decides between them. A dialect
+statements of one transaction, in order, and decides between them (:func:`upgrade`, of
+several, each ended by ``END_TRANSACTION``). A dialect
 (:class:`SqlDialect`) only supplies the statement texts and how list parameters are passed.
 """
 
@@ -21,7 +22,7 @@ from threadkeep.backends.sql.ledger import LedgerDialect
 from threadkeep.core.identity import Actor
 from threadkeep.core.listing import CLOCK_STEP, ThreadRow, ThreadScan
 from threadkeep.core.messages import CHAIN_TYPE, ContentCache, EncodingMemo, MessageChain, chain_tail
-from threadkeep.core.program import Batch, Program, Sql, SqlMany
+from threadkeep.core.program import END_TRANSACTION, Batch, Program, Sql, SqlMany
 from threadkeep.core.records import (
     EMPTY_TYPE,
     BlobRow,
@@ -71,6 +72,7 @@ __all__ = [
     "thread_row",
     "thread_rows",
     "threads_named",
+    "upgrade",
 ]
 
 # The storage format this version writes. A store recording a generation it cannot read
@@ -1133,6 +1135,23 @@ def apply_migration(q: SqlDialect, version: int, statements: Sequence[str], now:
         yield Sql(statement, {})
     yield Sql(q.RECORD_MIGRATION, {"version": version, "now": now})
     return True
+
+
+def upgrade(q: SqlDialect, migrations: Sequence[tuple[int, Sequence[str]]], now: float) -> Program[None]:
+    """Bring a store that is not up to date to this format, on one connection: check its
+    format (:func:`ensure_format`), apply each numbered migration of ``migrations`` it lacks
+    (:func:`apply_migration`), refuse a schema a newer version migrated further
+    (:func:`check_schema`), and record the format (:func:`record_format`).
+
+    Each step is a transaction of its own, ended by :data:`END_TRANSACTION`, that takes the
+    schema lock first and reads what is recorded under it: processes that open a new store
+    at once take turns step by step, each skipping what another has applied."""
+    steps: list[Program[Any]] = [ensure_format(q)]
+    steps += [apply_migration(q, version, statements, now) for version, statements in migrations]
+    steps += [check_schema(q, max((version for version, _ in migrations), default=0)), record_format(q)]
+    for step in steps:
+        yield from step
+        yield END_TRANSACTION
 
 
 def check_schema(q: SqlDialect, newest: int) -> Program[None]:

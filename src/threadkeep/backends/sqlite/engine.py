@@ -135,12 +135,16 @@ class SqliteEngine:
                 return self._run(make, write=True)
         return self._run(make, write=False)
 
-    def _run(self, make: ProgramFactory[T], *, write: bool) -> T:
+    def _run(self, make: ProgramFactory[T], *, write: bool, steps: bool = False) -> T:
+        """Run ``make()`` in a transaction; with ``steps``, one transaction per part of it
+        (each batch that ``ends`` commits, and a new write transaction begins)."""
         conn = self._acquire()
+        opening = "BEGIN IMMEDIATE" if write else "BEGIN"
+        execute = partial(_execute_steps, conn, opening) if steps else partial(_execute, conn)
         try:
-            conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
+            conn.execute(opening)
             try:
-                result = drive(make(), partial(_execute, conn))
+                result = drive(make(), execute)
             except BaseException:
                 if conn.in_transaction:
                     conn.execute("ROLLBACK")
@@ -153,13 +157,17 @@ class SqliteEngine:
             self._release(conn)
 
     def setup(self, make: ProgramFactory[T], *, transaction: bool = True) -> T:
-        """Run a schema program in its own write transaction (always: ``transaction`` is for
-        engines where a read may go without one)."""
-        return self.run(make, write=True)
+        """Run a schema program in write transactions, one per part of it that ends at
+        :data:`~threadkeep.core.program.END_TRANSACTION` (always in a transaction:
+        ``transaction`` is for engines where a read may go without one)."""
+        with self._writer:
+            return self._run(make, write=True, steps=True)
 
     async def asetup(self, make: ProgramFactory[T], *, transaction: bool = True) -> T:
-        """Run a schema program in its own write transaction, off the event loop."""
-        return await self.arun(make, write=True)
+        """:meth:`setup`, off the event loop."""
+        if self.memory:
+            return self.setup(make)
+        return await asyncio.to_thread(self.setup, make)
 
     async def arun(self, make: ProgramFactory[T], *, write: bool = False, atomic: bool = True) -> T:
         """Run one program without blocking the event loop.
@@ -194,6 +202,16 @@ def _execute(conn: sqlite3.Connection, request: Any) -> Any:
         # In process there is no round trip to save: the statements simply run in order.
         return [_execute(conn, inner) for inner in request.requests]
     raise TypeError(f"the sqlite engine cannot run {request!r}")
+
+
+def _execute_steps(conn: sqlite3.Connection, opening: str, request: Any) -> Any:
+    """:func:`_execute`, ending the transaction after a batch that ``ends`` (a schema
+    program's steps: :meth:`SqliteEngine.setup`) and opening the next."""
+    result = _execute(conn, request)
+    if isinstance(request, Batch) and request.ends:
+        conn.execute("COMMIT")
+        conn.execute(opening)
+    return result
 
 
 def _pragma_word(value: str) -> str:
