@@ -13,6 +13,7 @@ import logging
 import sqlite3
 import threading
 import time
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
@@ -165,9 +166,7 @@ class SqliteEngine:
 
     async def asetup(self, make: ProgramFactory[T], *, transaction: bool = True) -> T:
         """:meth:`setup`, off the event loop."""
-        if self.memory:
-            return self.setup(make)
-        return await asyncio.to_thread(self.setup, make)
+        return await self._off_loop(partial(self.setup, make))
 
     async def arun(self, make: ProgramFactory[T], *, write: bool = False, atomic: bool = True) -> T:
         """Run one program without blocking the event loop.
@@ -175,9 +174,13 @@ class SqliteEngine:
         The in-memory database answers in microseconds and is shared by one connection, so it
         runs inline, as LangGraph's own ``InMemorySaver`` does; a file runs on a worker thread.
         """
+        return await self._off_loop(partial(self.run, make, write=write))
+
+    async def _off_loop(self, call: Callable[[], T]) -> T:
+        """``call()`` on a worker thread; inline for the in-memory database."""
         if self.memory:
-            return self.run(make, write=write)
-        return await asyncio.to_thread(self.run, make, write=write)
+            return call()
+        return await asyncio.to_thread(call)
 
     async def aclose(self) -> None:
         """Close every connection; the engine refuses work afterwards."""
